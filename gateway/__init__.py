@@ -1,0 +1,3 @@
+"""Manifold: an MCP aggregating gateway."""
+
+__version__ = "0.1.0"

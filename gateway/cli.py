@@ -1,0 +1,122 @@
+"""`manifold serve | check | tools`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+import anyio
+
+from gateway import __version__
+from gateway.config import ConfigError, FileConfig, missing_variables
+from gateway.settings import Settings, load
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="manifold", description="An MCP aggregating gateway.")
+    parser.add_argument("--version", action="version", version=f"manifold {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    def with_config(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument("--config", help="config file (default: $MANIFOLD_CONFIG or config/manifold.yaml)")
+        return p
+
+    serve = with_config(commands.add_parser("serve", help="run the gateway"))
+    serve.add_argument("--host", help="bind address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port (default 8080)")
+    serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    serve.add_argument("--log-format", choices=["auto", "json", "console"])
+    with_config(commands.add_parser("check", help="validate the config and report every problem"))
+    tools = with_config(
+        commands.add_parser("tools", help="connect to every server and print the merged catalog")
+    )
+    tools.add_argument("--json", action="store_true", help="print JSON")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `manifold` command."""
+    args = _parser().parse_args(argv)
+    cli = {k: v for k, v in vars(args).items() if k not in ("command", "json")}
+    try:
+        settings, config = load(cli)
+    except ConfigError as e:
+        for problem in e.problems:
+            print(f"error: {problem}", file=sys.stderr)
+        return 1
+    if args.command == "serve":
+        return _serve(settings, config)
+    if args.command == "check":
+        return _check(settings, config)
+    return anyio.run(_tools, settings, config, args.json)
+
+
+def _serve(settings: Settings, config: FileConfig) -> int:
+    import uvicorn
+
+    from gateway.app import build_app
+    from gateway.logs import configure
+
+    configure(settings.log_level, settings.log_format)
+    app = build_app(settings, config)
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_config=None,
+        timeout_graceful_shutdown=10,
+        lifespan="on",
+    )
+    return 0
+
+
+def _check(settings: Settings, config: FileConfig) -> int:
+    problems = [
+        f"servers.{spec.name}.{problem}"
+        for spec in config.servers
+        if not spec.disabled
+        for problem in missing_variables(spec, os.environ)
+    ]
+    for problem in problems:
+        print(f"error: {problem}", file=sys.stderr)
+    if problems:
+        return 1
+    enabled = [s for s in config.servers if not s.disabled]
+    disabled = len(config.servers) - len(enabled)
+    print(f"{settings.config}: ok ({len(enabled)} servers enabled, {disabled} disabled)")
+    return 0
+
+
+async def _tools(settings: Settings, config: FileConfig, as_json: bool) -> int:
+    from gateway.logs import configure
+    from gateway.registry import Registry
+    from gateway.upstream import State
+
+    configure("warning", "console")
+    registry = Registry(config.servers)
+    async with registry.running():
+        await registry.wait_settled(max((s.startup_timeout for s in config.servers), default=0) + 2)
+        rows: list[dict[str, Any]] = [
+            {
+                "name": e.public,
+                "server": e.server,
+                "tool": e.original,
+                "labels": e.labels.names(),
+            }
+            for e in registry.catalog.entries.values()
+        ]
+        down = [u for u in registry.upstreams.values() if u.state not in (State.UP, State.DISABLED)]
+    for up in down:
+        print(f"warning: server {up.name!r} is {up.state.value}: {up.error}", file=sys.stderr)
+    if as_json:
+        print(json.dumps(rows, indent=2))
+    else:
+        table = [("NAME", "SERVER", "TOOL", "LABELS")]
+        table += [(r["name"], r["server"], r["tool"], ", ".join(r["labels"])) for r in rows]
+        widths = [max(len(row[i]) for row in table) for i in range(3)]
+        for row in table:
+            print("  ".join([*(c.ljust(w) for c, w in zip(row[:3], widths, strict=True)), row[3]]))
+    return 1 if down and not rows else 0

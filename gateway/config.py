@@ -1,0 +1,293 @@
+"""The config file: upstream servers (`ServerSpec`) and process settings, in either file shape.
+
+Two shapes are accepted: Manifold's own YAML (`servers:`) and the Claude Desktop / Cursor
+`mcpServers` JSON (as a standalone `.json` file or under an `mcpServers:` key in the YAML).
+Every problem is collected with its place (`servers.github.url: ...`) and reported at once.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationError, model_validator
+
+from gateway.interpolate import MissingVariable, interpolate
+from gateway.naming import sanitise
+
+Transport = Literal["stdio", "http", "sse"]
+
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_TRANSPORT_ALIASES: dict[str, Transport] = {
+    "stdio": "stdio",
+    "http": "http",
+    "streamable-http": "http",
+    "streamable_http": "http",
+    "streamableHttp": "http",
+    "sse": "sse",
+}
+_SERVER_SECTIONS = ("servers", "mcpServers")
+
+
+class ConfigError(Exception):
+    """The config cannot be used; `problems` lists each one with its place."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+class ServerSpec(BaseModel):
+    """One upstream server's options, as written in the config (before `${VAR}` filling)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    command: str | None = None
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str | None = None
+    url: str | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
+    transport: Transport | None = None
+    only: list[str] | None = None
+    deny: list[str] = Field(default_factory=list)
+    trusted: bool = False
+    gated: bool | None = None
+    prefix: str | None = None
+    timeout: PositiveFloat = 60.0
+    startup_timeout: PositiveFloat = 10.0
+    disabled: bool = False
+
+    @model_validator(mode="after")
+    def _check(self) -> ServerSpec:
+        if (self.command is None) == (self.url is None):
+            raise ValueError("give exactly one of `command` (stdio) or `url` (HTTP)")
+        if self.command is not None and self.transport not in (None, "stdio"):
+            raise ValueError(f"`command` means stdio, but the transport says {self.transport!r}")
+        if self.url is not None:
+            if self.transport == "stdio":
+                raise ValueError("`url` means HTTP, but the transport says 'stdio'")
+            if not re.match(r"^(https?://|\$\{)", self.url):
+                raise ValueError(f"url must start with http:// or https://, got {self.url!r}")
+        if self.command is not None and not self.command.strip():
+            raise ValueError("`command` is empty")
+        return self
+
+    @property
+    def kind(self) -> Transport:
+        """The transport this server uses."""
+        if self.command is not None:
+            return "stdio"
+        return self.transport or "http"
+
+    @property
+    def effective_prefix(self) -> str:
+        """The sanitised prefix of its public tool names ("" for bare names)."""
+        return sanitise(self.name if self.prefix is None else self.prefix)
+
+
+@dataclass(frozen=True)
+class ResolvedServer:
+    """A server's connection options with every `${VAR}` filled in. Holds secrets: never log it."""
+
+    command: str | None
+    args: list[str]
+    env: dict[str, str]
+    cwd: str | None
+    url: str | None
+    headers: dict[str, str]
+
+
+def resolve(spec: ServerSpec, environ: Mapping[str, str]) -> ResolvedServer:
+    """Fill `${VAR}` in url, headers, env and args; `ConfigError` names each unset variable and its place."""
+    if problems := missing_variables(spec, environ):
+        raise ConfigError(problems)
+    return ResolvedServer(
+        command=spec.command,
+        args=[interpolate(a, environ) for a in spec.args],
+        env={k: interpolate(v, environ) for k, v in spec.env.items()},
+        cwd=spec.cwd,
+        url=interpolate(spec.url, environ) if spec.url is not None else None,
+        headers={k: interpolate(v, environ) for k, v in spec.headers.items()},
+    )
+
+
+def missing_variables(spec: ServerSpec, environ: Mapping[str, str]) -> list[str]:
+    """Each place whose `${VAR}` is unset, as `url: environment variable X is not set`."""
+    places: list[tuple[str, str]] = [(f"args[{i}]", a) for i, a in enumerate(spec.args)]
+    places += [(f"env.{k}", v) for k, v in spec.env.items()]
+    places += [(f"headers.{k}", v) for k, v in spec.headers.items()]
+    if spec.url is not None:
+        places.append(("url", spec.url))
+    out = []
+    for place, text in places:
+        try:
+            interpolate(text, environ)
+        except MissingVariable as e:
+            out.append(f"{place}: {e}")
+    return out
+
+
+@dataclass
+class FileConfig:
+    """What a config file holds: its servers (sorted by name) and its process-setting keys."""
+
+    servers: list[ServerSpec] = field(default_factory=list)
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+def load_config(path: Path, settings_keys: frozenset[str] = frozenset()) -> FileConfig:
+    """Read and validate a config file (`.json` or YAML); raise `ConfigError` with every problem."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError([f"{path}: cannot read the config file ({e.strerror or e})"]) from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as e:
+        raise ConfigError(
+            [f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {e}"]
+        ) from None
+    return parse_config(data, settings_keys)
+
+
+def parse_config(data: Any, settings_keys: frozenset[str] = frozenset()) -> FileConfig:
+    """Validate already-parsed config data; raise `ConfigError` with every problem and its place."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError([f"(top level): expected a mapping, got {type(data).__name__}"])
+    problems: list[str] = []
+    config = FileConfig()
+    for key, value in data.items():
+        if key in _SERVER_SECTIONS:
+            continue
+        if key in settings_keys:
+            config.settings[key] = value
+        else:
+            problems.append(f"{key}: unknown key (expected one of: {', '.join(_known_keys(settings_keys))})")
+    seen: dict[str, str] = {}
+    for section in _SERVER_SECTIONS:
+        entries = data.get(section)
+        if entries is None:
+            continue
+        if not isinstance(entries, dict):
+            problems.append(f"{section}: expected a mapping of server names to options")
+            continue
+        for name, raw in entries.items():
+            place = f"{section}.{name}"
+            if str(name) in seen:
+                problems.append(f"{place}: server {name!r} is also defined in {seen[str(name)]}")
+                continue
+            seen[str(name)] = section
+            spec = _parse_server(str(name), raw, place, problems)
+            if spec is not None:
+                config.servers.append(spec)
+    problems += _prefix_clashes(config.servers)
+    if problems:
+        raise ConfigError(problems)
+    config.servers.sort(key=lambda s: s.name)
+    return config
+
+
+def _known_keys(settings_keys: frozenset[str]) -> list[str]:
+    return [*_SERVER_SECTIONS, *sorted(settings_keys)]
+
+
+def _parse_server(name: str, raw: Any, place: str, problems: list[str]) -> ServerSpec | None:
+    if not NAME_PATTERN.match(name):
+        problems.append(
+            f"{place}: bad server name {name!r} (use letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit, at most 64 characters)"
+        )
+        return None
+    if not isinstance(raw, dict):
+        problems.append(f"{place}: expected a mapping of options, got {type(raw).__name__}")
+        return None
+    options = dict(raw)
+    for alias, canonical in (("serverUrl", "url"), ("type", "transport")):
+        if alias in options:
+            if canonical in options:
+                problems.append(f"{place}.{alias}: give either `{alias}` or `{canonical}`, not both")
+                return None
+            options[canonical] = options.pop(alias)
+    transport = options.get("transport")
+    if transport is not None:
+        if not isinstance(transport, str) or transport not in _TRANSPORT_ALIASES:
+            problems.append(
+                f"{place}.transport: unknown transport {transport!r} "
+                "(expected stdio, http, streamable-http or sse)"
+            )
+            return None
+        options["transport"] = _TRANSPORT_ALIASES[transport]
+    if "name" in options:
+        problems.append(f"{place}.name: unknown key (the server's name is its key in the mapping)")
+        return None
+    before = len(problems)
+    for key in ("only", "deny"):
+        globs = options.get(key)
+        if isinstance(globs, list):
+            for i, glob in enumerate(globs):
+                if (why := glob_problem(glob)) is not None:
+                    problems.append(f"{place}.{key}[{i}]: {why}")
+    if len(problems) > before:
+        return None
+    try:
+        return ServerSpec(name=name, **options)
+    except ValidationError as e:
+        for err in e.errors():
+            loc = ".".join(str(p) for p in err["loc"])
+            where = f"{place}.{loc}" if loc else place
+            message = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                message = "unknown key"
+            problems.append(f"{where}: {message}")
+        return None
+
+
+def glob_problem(glob: Any) -> str | None:
+    """Why `glob` is not a usable tool-name pattern, or None when it is."""
+    if not isinstance(glob, str):
+        return f"expected a tool name or glob (a string), got {type(glob).__name__}"
+    if not glob:
+        return "empty pattern"
+    if any(c.isspace() or not c.isprintable() for c in glob):
+        return f"pattern {glob!r} contains whitespace or control characters"
+    i = 0
+    while i < len(glob):
+        if glob[i] == "[":
+            j = i + 1
+            if j < len(glob) and glob[j] == "!":
+                j += 1
+            if j < len(glob) and glob[j] == "]":
+                j += 1
+            close = glob.find("]", j)
+            if close < 0:
+                return f"pattern {glob!r} has an unclosed '['"
+            i = close
+        elif glob[i] == "]":
+            return f"pattern {glob!r} has a ']' without '['"
+        i += 1
+    return None
+
+
+def _prefix_clashes(servers: list[ServerSpec]) -> list[str]:
+    owners: dict[str, str] = {}
+    problems = []
+    for spec in sorted(servers, key=lambda s: s.name):
+        prefix = spec.effective_prefix
+        if spec.disabled or prefix == "":
+            continue
+        if prefix in owners:
+            problems.append(
+                f"servers.{spec.name}.prefix: prefix {prefix!r} is also used by server {owners[prefix]!r}"
+            )
+        else:
+            owners[prefix] = spec.name
+    return problems

@@ -1,0 +1,371 @@
+"""Upstream: the life of one connection to one MCP server, owned by a single task.
+
+The owner task connects (stdio, streamable HTTP or legacy SSE), negotiates modern-first
+(`server/discover`, falling back to `initialize`), walks every page of `tools/list`, applies the
+server's filters, then serves calls until the connection ends; it reconnects with backoff.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import os
+import random
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from types import TracebackType
+from typing import Any, Self, cast
+
+import anyio
+import httpx2
+import mcp.types as types
+from mcp import ClientSession, MCPError, StdioServerParameters
+from mcp.client._probe import negotiate_auto
+from mcp.client.session import IncomingMessage
+from mcp.client.sse import sse_client
+from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.client.subscriptions import ListenNotSupportedError, SubscriptionLost, listen
+from mcp.shared.dispatcher import ProgressFnT
+from mcp.shared.message import SessionMessage
+from mcp.types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import TypeAdapter, ValidationError
+
+from gateway import __version__
+from gateway.config import ConfigError, ResolvedServer, ServerSpec, resolve
+from gateway.filters import apply_filters
+from gateway.logs import get_logger, redact_text
+
+Json = dict[str, Any]
+RAW: TypeAdapter[Any] = TypeAdapter(dict[str, Any])
+CLIENT_INFO = types.Implementation(name="manifold", version=__version__)
+SERVER_INFO_KEY = "io.modelcontextprotocol/serverInfo"
+
+log = get_logger("upstream")
+
+
+class State(enum.StrEnum):
+    """Where a server's connection stands."""
+
+    CONNECTING = "connecting"
+    UP = "up"
+    DOWN = "down"
+    DISABLED = "disabled"
+
+
+class Unavailable(Exception):
+    """The server cannot take a call now; the message says why (for the model to read)."""
+
+
+class Backoff:
+    """Exponential backoff with jitter: about 1 s first, doubling, capped; reset after a healthy spell."""
+
+    def __init__(self, first: float = 1.0, cap: float = 60.0, healthy_after: float = 30.0) -> None:
+        self.first, self.cap, self.healthy_after = first, cap, healthy_after
+        self._next = first
+
+    def delay(self, healthy_for: float) -> float:
+        """The wait before the next attempt, given how long the last connection stayed up."""
+        if healthy_for >= self.healthy_after:
+            self._next = self.first
+        delay = self._next
+        self._next = min(self._next * 2, self.cap)
+        return delay * random.uniform(0.5, 1.0)
+
+
+class _WatchedReadStream:
+    """A read stream that sets `closed` when the transport ends."""
+
+    def __init__(self, inner: Any, closed: anyio.Event) -> None:
+        self._inner, self._closed = inner, closed
+
+    async def receive(self) -> SessionMessage | Exception:
+        try:
+            item: SessionMessage | Exception = await self._inner.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self._closed.set()
+            raise
+        return item
+
+    async def aclose(self) -> None:
+        self._closed.set()
+        await self._inner.aclose()
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> SessionMessage | Exception:
+        try:
+            return await self.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            raise StopAsyncIteration from None
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    @property
+    def last_context(self) -> Any:
+        return getattr(self._inner, "last_context", None)
+
+
+async def send_raw(
+    session: ClientSession,
+    request: types.ClientRequest,
+    *,
+    timeout: float | None = None,
+    progress: ProgressFnT | None = None,
+) -> Json:
+    """Send a request; its result comes back as the wire dict (no re-validation of tool output)."""
+    result: Json = await session.send_request(
+        request,
+        RAW,  # type: ignore[type-var]
+        request_read_timeout_seconds=timeout,
+        progress_callback=progress,
+    )
+    return result
+
+
+def describe(exc: BaseException) -> str:
+    """A short, secret-free reason for a failure (ExceptionGroups unwrapped)."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    if isinstance(exc, MCPError):
+        text = exc.error.message
+    elif isinstance(exc, httpx2.ConnectError):
+        text = "connection refused or host unreachable"
+    elif isinstance(exc, httpx2.TimeoutException):
+        text = "HTTP timeout"
+    elif isinstance(exc, httpx2.HTTPStatusError):
+        text = f"HTTP {exc.response.status_code}"
+    elif isinstance(exc, FileNotFoundError):
+        text = f"command not found: {exc.filename}" if exc.filename else "command not found"
+    elif isinstance(exc, TimeoutError):
+        text = "timed out"
+    else:
+        text = str(exc) or type(exc).__name__
+    return redact_text(text.splitlines()[0] if text else type(exc).__name__)[:300]
+
+
+ChangeCallback = Callable[["Upstream"], Awaitable[None]]
+
+
+class Upstream:
+    """One configured server: its state, its filtered tools, and the session that serves its calls."""
+
+    def __init__(
+        self, spec: ServerSpec, on_change: ChangeCallback, environ: Mapping[str, str] | None = None
+    ) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self._on_change = on_change
+        self._environ = os.environ if environ is None else environ
+        self.state = State.DISABLED if spec.disabled else State.CONNECTING
+        self.error: str | None = None
+        self.since = time.time()
+        self.tools: tuple[Json, ...] = ()
+        self.session: ClientSession | None = None
+        self.protocol_version: str | None = None
+        self.settled = anyio.Event()
+        self._refresh_wanted = anyio.Event()
+        self._closed = anyio.Event()
+        self._backoff = Backoff()
+
+    async def run(self) -> None:
+        """The owner task: connect, serve, reconnect with backoff, until cancelled."""
+        if self.spec.disabled:
+            self.settled.set()
+            return
+        try:
+            resolved = resolve(self.spec, self._environ)
+        except ConfigError as e:
+            await self._set_state(State.DOWN, "; ".join(e.problems))
+            self.settled.set()
+            return
+        while True:
+            started = time.monotonic()
+            try:
+                await self._connect_and_serve(resolved)
+                reason = "connection closed"
+            except Exception as e:
+                reason = describe(e)
+            healthy_for = time.monotonic() - started if self.state is State.UP else 0.0
+            self.session = None
+            await self._set_state(State.DOWN, reason)
+            self.settled.set()
+            delay = self._backoff.delay(healthy_for)
+            log.info("upstream reconnect scheduled", server=self.name, delay_s=round(delay, 2))
+            await anyio.sleep(delay)
+            await self._set_state(State.CONNECTING, self.error)
+
+    async def _connect_and_serve(self, resolved: ResolvedServer) -> None:
+        self._closed = anyio.Event()
+        # The startup deadline wraps the whole connection so every context is exited in order;
+        # it is lifted once the first listing is in.
+        with anyio.CancelScope(deadline=anyio.current_time() + self.spec.startup_timeout) as startup:
+            async with AsyncExitStack() as stack:
+                read, write = await stack.enter_async_context(self._transport(resolved))
+                session = await stack.enter_async_context(
+                    ClientSession(
+                        _WatchedReadStream(read, self._closed),  # type: ignore[arg-type]
+                        write,
+                        read_timeout_seconds=self.spec.timeout,
+                        message_handler=self._on_message,
+                        client_info=CLIENT_INFO,
+                    )
+                )
+                await negotiate_auto(session)
+                tools = await self._list_tools(session)
+                startup.deadline = math.inf
+                await self._serve(session, tools)
+        if startup.cancelled_caught:
+            raise TimeoutError(f"no answer within startup_timeout ({self.spec.startup_timeout:g} s)")
+
+    async def _serve(self, session: ClientSession, tools: tuple[Json, ...]) -> None:
+        self.session = session
+        self.protocol_version = session.protocol_version
+        self.tools = tools
+        await self._set_state(State.UP, None)
+        self.settled.set()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._refresher, session)
+            if session.protocol_version in MODERN_PROTOCOL_VERSIONS:
+                tg.start_soon(self._listen, session)
+            await self._closed.wait()
+            tg.cancel_scope.cancel()
+
+    def _transport(self, r: ResolvedServer) -> AbstractAsyncContextManager[Any]:
+        kind = self.spec.kind
+        if kind == "stdio":
+            assert r.command is not None
+            params = StdioServerParameters(command=r.command, args=r.args, env=r.env or None, cwd=r.cwd)
+            return stdio_client(params, errlog=sys.stderr)
+        assert r.url is not None
+        if kind == "sse":
+            return sse_client(
+                r.url, headers=r.headers, timeout=30, sse_read_timeout=max(300, self.spec.timeout)
+            )
+        return self._streamable_http(r.url, r.headers)
+
+    @asynccontextmanager
+    async def _streamable_http(self, url: str, headers: dict[str, str]) -> AsyncIterator[Any]:
+        timeout = httpx2.Timeout(30, read=max(300.0, self.spec.timeout + 5))
+        async with (
+            httpx2.AsyncClient(headers=headers, timeout=timeout, follow_redirects=True) as http,
+            streamable_http_client(url, http_client=http) as streams,
+        ):
+            yield streams
+
+    async def _list_tools(self, session: ClientSession) -> tuple[Json, ...]:
+        raw: list[Json] = []
+        cursor: str | None = None
+        while True:
+            params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
+            page = await send_raw(session, types.ListToolsRequest(params=params))
+            raw.extend(t for t in page.get("tools", []) if isinstance(t, dict))
+            cursor = page.get("nextCursor")
+            if not cursor:
+                break
+        valid = []
+        for tool in raw:
+            try:
+                types.Tool.model_validate(tool)
+            except ValidationError:
+                log.warning(
+                    "upstream tool skipped: invalid definition", server=self.name, tool=tool.get("name")
+                )
+                continue
+            valid.append(tool)
+        by_name = {t["name"]: t for t in valid}
+        result = apply_filters(list(by_name), self.spec.only, self.spec.deny)
+        for pattern in result.unmatched_only:
+            log.warning("`only` entry matches no tool", server=self.name, pattern=pattern)
+        return tuple(by_name[n] for n in result.kept)
+
+    async def _on_message(self, message: IncomingMessage) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            self._refresh_wanted.set()
+        elif isinstance(message, Exception):
+            log.warning("upstream transport error", server=self.name, reason=describe(message))
+
+    async def _listen(self, session: ClientSession) -> None:
+        while True:
+            try:
+                async with listen(session, tools_list_changed=True) as subscription:
+                    async for _ in subscription:
+                        self._refresh_wanted.set()
+            except ListenNotSupportedError:
+                return
+            except MCPError as e:
+                if e.code == types.METHOD_NOT_FOUND:
+                    return  # a modern server without change notices
+                log.info("upstream listen refused", server=self.name, reason=describe(e))
+                await anyio.sleep(5)
+            except SubscriptionLost as e:
+                log.info("upstream listen stream lost", server=self.name, reason=describe(e))
+                await anyio.sleep(0.5)
+                self._refresh_wanted.set()
+
+    async def _refresher(self, session: ClientSession) -> None:
+        while True:
+            await self._refresh_wanted.wait()
+            await anyio.sleep(0.05)  # coalesce a burst of change notices into one listing
+            self._refresh_wanted = anyio.Event()
+            try:
+                tools = await self._list_tools(session)
+            except MCPError as e:
+                log.warning("upstream refresh failed", server=self.name, reason=describe(e))
+                if e.code == types.CONNECTION_CLOSED:
+                    self._closed.set()
+                continue
+            if tools != self.tools:
+                self.tools = tools
+                await self._on_change(self)
+
+    def refresh(self) -> None:
+        """Ask for the tools to be listed again soon."""
+        self._refresh_wanted.set()
+
+    async def call(
+        self,
+        name: str,
+        arguments: Mapping[str, Any] | None,
+        meta: Mapping[str, Any] | None,
+        progress: ProgressFnT | None = None,
+    ) -> Json:
+        """Call an upstream tool by its ORIGINAL name; the raw result dict comes back as the upstream sent it.
+
+        Raises `Unavailable` when the server is not up and `MCPError` for protocol-level failures.
+        """
+        session = self.session
+        if session is None or self.state is not State.UP:
+            raise Unavailable(f"server '{self.name}' is unavailable: {self.error or self.state.value}")
+        request = types.CallToolRequest(
+            params=types.CallToolRequestParams(
+                name=name,
+                arguments=dict(arguments) if arguments is not None else None,
+                _meta=cast(types.RequestParamsMeta, dict(meta)) if meta else None,
+            )
+        )
+        try:
+            return await send_raw(session, request, timeout=self.spec.timeout, progress=progress)
+        except MCPError as e:
+            if e.code == types.CONNECTION_CLOSED:
+                self._closed.set()
+            raise
+
+    async def _set_state(self, state: State, error: str | None) -> None:
+        changed = state is not self.state
+        self.state, self.error = state, error
+        if changed:
+            self.since = time.time()
+            if state is not State.UP:
+                self.tools = ()
+            log.info("upstream state", server=self.name, state=state.value, reason=error)
+            await self._on_change(self)
