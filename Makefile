@@ -1,0 +1,37 @@
+# One command to run the gateway on the example config, one to run every check and test.
+VENV ?= .venv
+PYTHON ?= python3
+BIN := $(CURDIR)/$(VENV)/bin
+export PATH := $(BIN):$(PATH)
+
+.PHONY: setup run test lint unit bench clean
+
+$(VENV)/.installed: pyproject.toml requirements.lock
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -r requirements.lock
+	$(BIN)/python -m pip install -q --no-deps -e .
+	touch $@
+
+tests/thirdparty/node_modules/.installed: tests/thirdparty/package.json tests/thirdparty/package-lock.json
+	cd tests/thirdparty && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+setup: $(VENV)/.installed
+
+run: setup  ## set up and serve config/manifold.yaml on http://127.0.0.1:8080/mcp
+	$(BIN)/manifold serve --config config/manifold.yaml
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+unit: setup
+	$(BIN)/pytest tests/unit -q
+
+test: setup tests/thirdparty/node_modules/.installed lint  ## set up and run every check and test
+	$(BIN)/pytest -q
+
+clean:
+	rm -rf $(VENV) tests/thirdparty/node_modules .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,157 @@
+"""Integration harness: the gateway as a real process on loopback, and real SDK clients of both eras."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+import pytest
+import yaml
+from mcp import Client, ClientSession
+from mcp.client.streamable_http import streamable_http_client
+
+from tests.fixtures.servers import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+THIRDPARTY = ROOT / "tests" / "thirdparty" / "node_modules" / "@modelcontextprotocol"
+ERAS = ["2026-07-28", "2025-11-25"]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@dataclass
+class Gateway:
+    """A running gateway process."""
+
+    url: str
+    base: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def log_events(self) -> list[dict[str, Any]]:
+        events = []
+        for line in self.log().splitlines():
+            try:
+                events.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+        return events
+
+
+def write_config(tmp_path: Path, config: dict[str, Any] | str, name: str = "manifold.yaml") -> Path:
+    path = tmp_path / name
+    if isinstance(config, str):
+        path.write_text(config)
+    elif name.endswith(".json"):
+        path.write_text(json.dumps(config))
+    else:
+        path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@contextmanager
+def run_gateway(
+    tmp_path: Path,
+    config: dict[str, Any] | str,
+    *,
+    env: dict[str, str] | None = None,
+    args: tuple[str, ...] = (),
+    config_name: str = "manifold.yaml",
+) -> Iterator[Gateway]:
+    """Start `python -m gateway serve` on a free port; stop it (and check it exits) afterwards."""
+    path = write_config(tmp_path, config, config_name)
+    port = free_port()
+    log_path = tmp_path / f"gateway-{port}.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway", "serve", "--config", str(path), "--port", str(port),
+             "--log-format", "json", *args],
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
+    base = f"http://127.0.0.1:{port}"
+    gateway = Gateway(f"{base}/mcp", base, proc, log_path)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            if proc.poll() is not None:
+                raise AssertionError(f"gateway exited with {proc.returncode}:\n{gateway.log()}")
+            try:
+                if httpx2.get(f"{base}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx2.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError(f"gateway did not come up:\n{gateway.log()}")
+            time.sleep(0.1)
+        yield gateway
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(5)
+
+
+class EraClient:
+    """One downstream client of either era, with the calls the tests need."""
+
+    def __init__(self, session: ClientSession) -> None:
+        self.session = session
+
+    async def tool_names(self) -> list[str]:
+        return [t.name for t in (await self.session.list_tools()).tools]
+
+    async def raw_tools(self) -> list[dict[str, Any]]:
+        result = await self.session.list_tools()
+        return [t.model_dump(by_alias=True, mode="json", exclude_none=True) for t in result.tools]
+
+    async def call(self, name: str, arguments: dict[str, Any] | None = None, **kwargs: Any) -> Any:
+        return await self.session.call_tool(name, arguments or {}, **kwargs)
+
+    async def wait_for(self, predicate: Callable[[list[str]], bool], timeout: float = 20) -> list[str]:
+        """Poll tools/list until `predicate(names)` holds."""
+        names: list[str] = []
+        with anyio.move_on_after(timeout):
+            while True:
+                names = await self.tool_names()
+                if predicate(names):
+                    return names
+                await anyio.sleep(0.2)
+        raise AssertionError(f"tools never matched; last listing: {names}")
+
+
+@asynccontextmanager
+async def connect(url: str, era: str, **session_kwargs: Any) -> AsyncIterator[EraClient]:
+    """An SDK client of the given era: `Client` (lands on 2026-07-28) or `ClientSession.initialize()`."""
+    if era == "2026-07-28":
+        async with Client(url, mode="2026-07-28", cache=None, **session_kwargs) as client:
+            assert client.session.protocol_version == era
+            yield EraClient(client.session)
+    else:
+        async with streamable_http_client(url) as (read, write), ClientSession(read, write, **session_kwargs) as s:
+            await s.initialize()
+            assert s.protocol_version == era
+            yield EraClient(s)

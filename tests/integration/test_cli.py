@@ -1,0 +1,114 @@
+"""The `manifold` command: check, tools, and how settings are layered."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.fixtures.servers import stdio_spec
+from tests.integration.conftest import ROOT, write_config
+
+
+def manifold(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+BROKEN = """
+servers:
+  github:
+    url: ftp://example.com/mcp
+  both:
+    command: x
+    url: http://example.com/mcp
+  neither:
+    args: [a]
+  typo:
+    comand: mcp-server-time
+  globs:
+    command: x
+    only: ["search_[", ""]
+  "bad name!":
+    command: x
+  slow:
+    command: x
+    timeout: -1
+    transport: carrier-pigeon
+colour: blue
+"""
+
+
+def test_check_reports_every_problem_with_its_place(tmp_path: Path) -> None:
+    result = manifold("check", "--config", str(write_config(tmp_path, BROKEN)))
+    assert result.returncode == 1
+    lines = result.stderr.splitlines()
+    expected = [
+        "servers.github: url must start with http:// or https://",
+        "servers.both: give exactly one of `command` (stdio) or `url` (HTTP)",
+        "servers.neither: give exactly one of `command` (stdio) or `url` (HTTP)",
+        "servers.typo.comand: unknown key",
+        "servers.globs.only[0]: pattern 'search_[' has an unclosed '['",
+        "servers.globs.only[1]: empty pattern",
+        "servers.bad name!: bad server name",
+        "servers.slow.transport: unknown transport 'carrier-pigeon'",
+        "colour: unknown key",
+    ]
+    for fragment in expected:
+        assert any(fragment in line for line in lines), f"{fragment!r} not in:\n{result.stderr}"
+    assert all(line.startswith("error: ") for line in lines)
+
+
+def test_check_reports_a_missing_variable_without_values(tmp_path: Path) -> None:
+    config = {
+        "servers": {
+            "linear": {
+                "url": "https://mcp.example.com/mcp",
+                "headers": {"Authorization": "Bearer ${MANIFOLD_TEST_TOKEN_UNSET}", "X-Other": "${MANIFOLD_TEST_SET}"},
+            }
+        }
+    }
+    result = manifold("check", "--config", str(write_config(tmp_path, config)), env={"MANIFOLD_TEST_SET": "s3cr3t-value"})
+    assert result.returncode == 1
+    assert "servers.linear.headers.Authorization: environment variable MANIFOLD_TEST_TOKEN_UNSET is not set" in result.stderr
+    assert "s3cr3t-value" not in result.stderr + result.stdout
+
+
+def test_check_accepts_both_example_configs() -> None:
+    for name in ("manifold.yaml", "mcp_servers.json"):
+        result = manifold("check", "--config", str(ROOT / "config" / name))
+        assert result.returncode == 0, result.stderr
+        assert "ok (2 servers enabled" in result.stdout
+
+
+def test_config_comes_from_manifold_config_env(tmp_path: Path) -> None:
+    path = write_config(tmp_path, {"servers": {"a": {"command": "x"}}, "port": "not-a-port"})
+    result = manifold("check", env={"MANIFOLD_CONFIG": str(path)})
+    assert result.returncode == 1
+    assert "port: Input should be a valid integer" in result.stderr
+    fixed = manifold("check", env={"MANIFOLD_CONFIG": str(path), "MANIFOLD_PORT": "9000"})
+    assert fixed.returncode == 0, "the environment overrides the file"
+
+
+def test_tools_prints_the_merged_catalog(tmp_path: Path) -> None:
+    config = {"servers": {"fx": {**stdio_spec(), "only": ["echo", "write_note"]}, "dead": stdio_spec("exit-at-start")}}
+    path = str(write_config(tmp_path, config))
+    result = manifold("tools", "--config", path, "--json")
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(result.stdout)
+    assert rows == [
+        {"name": "fx__echo", "server": "fx", "tool": "echo", "labels": ["read-only", "idempotent", "outside"]},
+        {"name": "fx__write_note", "server": "fx", "tool": "write_note", "labels": ["destructive", "gated", "outside"]},
+    ]
+    assert "server 'dead' is down" in result.stderr
+    table = manifold("tools", "--config", path)
+    assert table.stdout.splitlines()[0].split() == ["NAME", "SERVER", "TOOL", "LABELS"]
+    assert "fx__write_note" in table.stdout
