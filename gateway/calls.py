@@ -56,9 +56,7 @@ def label_result(raw: Json, entry: Entry, modern: bool) -> Json:
     return result
 
 
-async def call_tool(
-    registry: Registry, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
-) -> Json:
+async def call_tool(registry: Registry, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> Json:
     """Serve one downstream `tools/call`."""
     entry = registry.catalog.resolve(params.name)
     if entry is None:

@@ -78,9 +78,7 @@ def merge(toolsets: Iterable[ToolSet]) -> tuple[dict[str, Entry], list[Collision
         for ts, tool in owners:
             name = base if len(owners) == 1 else with_hash(base, ts.server, tool["name"])
             labels = labels_for(_annotations(tool), trusted=ts.trusted, gated=ts.gated)
-            entries[name] = Entry(
-                name, ts.server, tool["name"], labels, publish(tool, name, ts.server, labels)
-            )
+            entries[name] = Entry(name, ts.server, tool["name"], labels, publish(tool, name, ts.server, labels))
     return dict(sorted(entries.items())), sorted(collisions, key=lambda c: c.name)
 
 

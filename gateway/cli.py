@@ -30,9 +30,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--log-format", choices=["auto", "json", "console"])
     with_config(commands.add_parser("check", help="validate the config and report every problem"))
-    tools = with_config(
-        commands.add_parser("tools", help="connect to every server and print the merged catalog")
-    )
+    tools = with_config(commands.add_parser("tools", help="connect to every server and print the merged catalog"))
     tools.add_argument("--json", action="store_true", help="print JSON")
     return parser
 

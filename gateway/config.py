@@ -151,9 +151,7 @@ def load_config(path: Path, settings_keys: frozenset[str] = frozenset()) -> File
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as e:
-        raise ConfigError(
-            [f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {e}"]
-        ) from None
+        raise ConfigError([f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {e}"]) from None
     return parse_config(data, settings_keys)
 
 
@@ -221,8 +219,7 @@ def _parse_server(name: str, raw: Any, place: str, problems: list[str]) -> Serve
     if transport is not None:
         if not isinstance(transport, str) or transport not in _TRANSPORT_ALIASES:
             problems.append(
-                f"{place}.transport: unknown transport {transport!r} "
-                "(expected stdio, http, streamable-http or sse)"
+                f"{place}.transport: unknown transport {transport!r} (expected stdio, http, streamable-http or sse)"
             )
             return None
         options["transport"] = _TRANSPORT_ALIASES[transport]
@@ -285,9 +282,7 @@ def _prefix_clashes(servers: list[ServerSpec]) -> list[str]:
         if spec.disabled or prefix == "":
             continue
         if prefix in owners:
-            problems.append(
-                f"servers.{spec.name}.prefix: prefix {prefix!r} is also used by server {owners[prefix]!r}"
-            )
+            problems.append(f"servers.{spec.name}.prefix: prefix {prefix!r} is also used by server {owners[prefix]!r}")
         else:
             owners[prefix] = spec.name
     return problems

@@ -80,9 +80,7 @@ class Frontend:
     async def _call_tool(self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> Any:
         return await call_tool(self.registry, ctx, params)
 
-    async def _cached_listing(
-        self, ctx: ServerRequestContext[Any, Any], call_next: CallNext
-    ) -> HandlerResult:
+    async def _cached_listing(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
         """Serve tools/list from a result shaped once per catalog version and protocol version."""
         if ctx.method != "tools/list" or (ctx.params and ctx.params.get("cursor")):
             return await call_next(ctx)
@@ -94,9 +92,7 @@ class Frontend:
             self._listing_cache[key] = cached
         return cached
 
-    async def _track_sessions(
-        self, ctx: ServerRequestContext[Any, Any], call_next: CallNext
-    ) -> HandlerResult:
+    async def _track_sessions(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
         if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS and ctx.request is not None:
             session_id = ctx.request.headers.get(SESSION_HEADER)
             if session_id and session_id not in self._legacy_sessions:

@@ -159,9 +159,7 @@ ChangeCallback = Callable[["Upstream"], Awaitable[None]]
 class Upstream:
     """One configured server: its state, its filtered tools, and the session that serves its calls."""
 
-    def __init__(
-        self, spec: ServerSpec, on_change: ChangeCallback, environ: Mapping[str, str] | None = None
-    ) -> None:
+    def __init__(self, spec: ServerSpec, on_change: ChangeCallback, environ: Mapping[str, str] | None = None) -> None:
         self.spec = spec
         self.name = spec.name
         self._on_change = on_change
@@ -248,9 +246,7 @@ class Upstream:
             return stdio_client(params, errlog=sys.stderr)
         assert r.url is not None
         if kind == "sse":
-            return sse_client(
-                r.url, headers=r.headers, timeout=30, sse_read_timeout=max(300, self.spec.timeout)
-            )
+            return sse_client(r.url, headers=r.headers, timeout=30, sse_read_timeout=max(300, self.spec.timeout))
         return self._streamable_http(r.url, r.headers)
 
     @asynccontextmanager
@@ -277,9 +273,7 @@ class Upstream:
             try:
                 types.Tool.model_validate(tool)
             except ValidationError:
-                log.warning(
-                    "upstream tool skipped: invalid definition", server=self.name, tool=tool.get("name")
-                )
+                log.warning("upstream tool skipped: invalid definition", server=self.name, tool=tool.get("name"))
                 continue
             valid.append(tool)
         by_name = {t["name"]: t for t in valid}

@@ -81,8 +81,19 @@ def run_gateway(
     log_path = tmp_path / f"gateway-{port}.log"
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway", "serve", "--config", str(path), "--port", str(port),
-             "--log-format", "json", *args],
+            [
+                sys.executable,
+                "-m",
+                "gateway",
+                "serve",
+                "--config",
+                str(path),
+                "--port",
+                str(port),
+                "--log-format",
+                "json",
+                *args,
+            ],
             cwd=ROOT,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -76,9 +76,14 @@ def test_check_reports_a_missing_variable_without_values(tmp_path: Path) -> None
             }
         }
     }
-    result = manifold("check", "--config", str(write_config(tmp_path, config)), env={"MANIFOLD_TEST_SET": "s3cr3t-value"})
+    result = manifold(
+        "check", "--config", str(write_config(tmp_path, config)), env={"MANIFOLD_TEST_SET": "s3cr3t-value"}
+    )
     assert result.returncode == 1
-    assert "servers.linear.headers.Authorization: environment variable MANIFOLD_TEST_TOKEN_UNSET is not set" in result.stderr
+    assert (
+        "servers.linear.headers.Authorization: environment variable MANIFOLD_TEST_TOKEN_UNSET is not set"
+        in result.stderr
+    )
     assert "s3cr3t-value" not in result.stderr + result.stdout
 
 
