@@ -1,10 +1,12 @@
-"""Call policy: resolve a public name, forward the call, map failures, label the result."""
+"""Call policy: resolve a public name, forward the call with retries, map failures, label the result."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+import anyio
 import mcp.types as types
 from mcp import MCPError
 from mcp.server import ServerRequestContext
@@ -12,14 +14,15 @@ from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 
 from gateway.catalog import Entry
 from gateway.labels import META_PREFIX
-from gateway.upstream import SERVER_INFO_KEY, Unavailable, describe
+from gateway.logs import get_logger
+from gateway.upstream import SERVER_INFO_KEY, CallFailed, Upstream, describe
 
 if TYPE_CHECKING:
     from gateway.registry import Registry
 
 Json = dict[str, Any]
 RESERVED_META = "io.modelcontextprotocol/"
-_LOST = {types.CONNECTION_CLOSED: "the connection was lost", types.REQUEST_TIMEOUT: "the call timed out"}
+log = get_logger("calls")
 
 
 def forwardable_meta(meta: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -35,10 +38,7 @@ def forwardable_meta(meta: Mapping[str, Any] | None) -> dict[str, Any]:
 
 def error_result(entry: Entry, reason: str, modern: bool) -> Json:
     """An `isError` result naming the server and the reason, for the model to read."""
-    result: Json = {
-        "content": [{"type": "text", "text": f"{entry.public}: {reason}"}],
-        "isError": True,
-    }
+    result: Json = {"content": [{"type": "text", "text": f"{entry.public}: {reason}"}], "isError": True}
     return label_result(result, entry, modern)
 
 
@@ -56,6 +56,59 @@ def label_result(raw: Json, entry: Entry, modern: bool) -> Json:
     return result
 
 
+class ProgressRelay:
+    """Forwards upstream progress to the caller in order, and lets the result wait for the last one."""
+
+    def __init__(self, ctx: ServerRequestContext[Any]) -> None:
+        self._ctx = ctx
+        self._lock = anyio.Lock()
+        self._pending = 0
+        self._idle = anyio.Event()
+        self._idle.set()
+
+    async def __call__(self, progress: float, total: float | None, message: str | None) -> None:
+        self._pending += 1
+        self._idle = anyio.Event() if self._idle.is_set() else self._idle
+        try:
+            async with self._lock:
+                await self._ctx.session.report_progress(progress, total, message)
+        finally:
+            self._pending -= 1
+            if self._pending == 0:
+                self._idle.set()
+
+    async def drain(self) -> None:
+        """Wait until every progress notice that has arrived so far has been sent on."""
+        await anyio.lowlevel.checkpoint()
+        with anyio.move_on_after(5):
+            await self._idle.wait()
+
+
+async def call_with_retries(
+    upstream: Upstream,
+    entry: Entry,
+    arguments: Mapping[str, Any] | None,
+    meta: Mapping[str, Any],
+    relay: ProgressRelay | None,
+) -> Json:
+    """Call once; on a transient failure retry read-only/idempotent tools with capped backoff."""
+    policy = upstream.spec.retry
+    delay = policy.initial_delay
+    attempt = 1
+    while True:
+        try:
+            return await upstream.call(entry.original, arguments, meta, relay)
+        except CallFailed as failure:
+            may_retry = failure.repeatable or (failure.transient and entry.labels.retryable)
+            if not may_retry or attempt >= policy.attempts:
+                raise
+            log.info("retrying call", server=entry.server, tool=entry.public, attempt=attempt, reason=str(failure))
+            await anyio.sleep(delay * random.uniform(0.8, 1.2))
+            delay = min(delay * 2, policy.max_delay)
+            attempt += 1
+            await upstream.wait_up(upstream.spec.startup_timeout)
+
+
 async def call_tool(registry: Registry, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> Json:
     """Serve one downstream `tools/call`."""
     entry = registry.catalog.resolve(params.name)
@@ -63,22 +116,14 @@ async def call_tool(registry: Registry, ctx: ServerRequestContext[Any], params: 
         raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {params.name}")
     upstream = registry.upstreams[entry.server]
     modern = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
-
-    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
-        await ctx.session.report_progress(progress, total, message)
-
     wants_progress = bool(ctx.meta and ctx.meta.get("progress_token") is not None)
+    relay = ProgressRelay(ctx) if wants_progress else None
     try:
-        raw = await upstream.call(
-            entry.original,
-            params.arguments,
-            forwardable_meta(ctx.meta),
-            on_progress if wants_progress else None,
-        )
-    except Unavailable as e:
-        return error_result(entry, str(e), modern)
+        raw = await call_with_retries(upstream, entry, params.arguments, forwardable_meta(ctx.meta), relay)
+    except CallFailed as failure:
+        return error_result(entry, str(failure), modern)
     except MCPError as e:
-        if e.code in _LOST:
-            return error_result(entry, f"server '{entry.server}' failed: {_LOST[e.code]}", modern)
         raise MCPError(e.code, describe(e), e.error.data) from None
+    if relay is not None:
+        await relay.drain()
     return label_result(raw, entry, modern)

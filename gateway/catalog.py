@@ -69,16 +69,27 @@ def merge(toolsets: Iterable[ToolSet]) -> tuple[dict[str, Entry], list[Collision
     for ts in toolsets:
         for tool in ts.tools:
             claims[public_name(ts.prefix, ts.server, tool["name"])].append((ts, tool))
-    entries: dict[str, Entry] = {}
+    named: list[tuple[str, ToolSet, Json]] = []
     collisions: list[Collision] = []
     for base, owners in claims.items():
-        if len(owners) > 1:
-            owners.sort(key=lambda o: (o[0].server, o[1]["name"]))
-            collisions.append(Collision(base, tuple((ts.server, t["name"]) for ts, t in owners)))
-        for ts, tool in owners:
-            name = base if len(owners) == 1 else with_hash(base, ts.server, tool["name"])
-            labels = labels_for(_annotations(tool), trusted=ts.trusted, gated=ts.gated)
-            entries[name] = Entry(name, ts.server, tool["name"], labels, publish(tool, name, ts.server, labels))
+        if len(owners) == 1:
+            named.append((base, *owners[0]))
+            continue
+        owners.sort(key=lambda o: (o[0].server, o[1]["name"]))
+        collisions.append(Collision(base, tuple((ts.server, t["name"]) for ts, t in owners)))
+        named += [(with_hash(base, ts.server, t["name"]), ts, t) for ts, t in owners]
+    entries: dict[str, Entry] = {}
+    # Natural names first, so a tool literally named like another's hashed name keeps its own.
+    for name, ts, tool in sorted(named, key=lambda n: (n[0] not in claims, n[0], n[1].server, n[2]["name"])):
+        final, n = name, 0
+        while final in entries:
+            n += 1
+            final = with_hash(name, ts.server, f"{tool['name']}#{n}")
+        if final != name:
+            first = entries[name]
+            collisions.append(Collision(name, ((first.server, first.original), (ts.server, tool["name"]))))
+        labels = labels_for(_annotations(tool), trusted=ts.trusted, gated=ts.gated)
+        entries[final] = Entry(final, ts.server, tool["name"], labels, publish(tool, final, ts.server, labels))
     return dict(sorted(entries.items())), sorted(collisions, key=lambda c: c.name)
 
 

@@ -12,15 +12,23 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from gateway.interpolate import MissingVariable, interpolate
 from gateway.naming import sanitise
 
+
+def _no_bool(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError("expected a number of seconds, got a boolean")
+    return value
+
+
 Transport = Literal["stdio", "http", "sse"]
+Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False), BeforeValidator(_no_bool)]
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _TRANSPORT_ALIASES: dict[str, Transport] = {
@@ -42,6 +50,16 @@ class ConfigError(Exception):
         self.problems = problems
 
 
+class RetrySpec(BaseModel):
+    """Retries of read-only and idempotent tools after a transient failure."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    attempts: int = Field(3, ge=1, le=20)
+    initial_delay: Seconds = 0.1
+    max_delay: Seconds = 5.0
+
+
 class ServerSpec(BaseModel):
     """One upstream server's options, as written in the config (before `${VAR}` filling)."""
 
@@ -60,8 +78,14 @@ class ServerSpec(BaseModel):
     trusted: bool = False
     gated: bool | None = None
     prefix: str | None = None
-    timeout: PositiveFloat = 60.0
-    startup_timeout: PositiveFloat = 10.0
+    timeout: Seconds = 60.0
+    startup_timeout: Seconds = 10.0
+    max_call_time: Seconds | None = None
+    max_concurrent: int = Field(32, ge=1)
+    max_queued: int = Field(64, ge=0)
+    retry: RetrySpec = RetrySpec.model_validate({})
+    refresh_interval: Seconds | None = None
+    required: bool = False
     disabled: bool = False
 
     @model_validator(mode="after")
@@ -152,11 +176,16 @@ def load_config(path: Path, settings_keys: frozenset[str] = frozenset()) -> File
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as e:
         raise ConfigError([f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {e}"]) from None
-    return parse_config(data, settings_keys)
+    return parse_config(data, settings_keys, foreign_keys_ok=path.suffix == ".json")
 
 
-def parse_config(data: Any, settings_keys: frozenset[str] = frozenset()) -> FileConfig:
-    """Validate already-parsed config data; raise `ConfigError` with every problem and its place."""
+def parse_config(
+    data: Any, settings_keys: frozenset[str] = frozenset(), *, foreign_keys_ok: bool = False
+) -> FileConfig:
+    """Validate already-parsed config data; raise `ConfigError` with every problem and its place.
+
+    `foreign_keys_ok` ignores unknown top-level keys, as a pasted Claude Desktop JSON file has some.
+    """
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -168,7 +197,7 @@ def parse_config(data: Any, settings_keys: frozenset[str] = frozenset()) -> File
             continue
         if key in settings_keys:
             config.settings[key] = value
-        else:
+        elif not foreign_keys_ok:
             problems.append(f"{key}: unknown key (expected one of: {', '.join(_known_keys(settings_keys))})")
     seen: dict[str, str] = {}
     for section in _SERVER_SECTIONS:
@@ -187,7 +216,7 @@ def parse_config(data: Any, settings_keys: frozenset[str] = frozenset()) -> File
             spec = _parse_server(str(name), raw, place, problems)
             if spec is not None:
                 config.servers.append(spec)
-    problems += _prefix_clashes(config.servers)
+    problems += _prefix_clashes(config.servers, seen)
     if problems:
         raise ConfigError(problems)
     config.servers.sort(key=lambda s: s.name)
@@ -199,53 +228,56 @@ def _known_keys(settings_keys: frozenset[str]) -> list[str]:
 
 
 def _parse_server(name: str, raw: Any, place: str, problems: list[str]) -> ServerSpec | None:
-    if not NAME_PATTERN.match(name):
+    """Validate one server entry; append every problem found (with its place) and return None if any."""
+    before = len(problems)
+    if not NAME_PATTERN.fullmatch(name):
         problems.append(
             f"{place}: bad server name {name!r} (use letters, digits, '.', '_' or '-', "
             "starting with a letter or digit, at most 64 characters)"
         )
-        return None
     if not isinstance(raw, dict):
         problems.append(f"{place}: expected a mapping of options, got {type(raw).__name__}")
         return None
     options = dict(raw)
+    written = {"transport": "transport", "url": "url"}
     for alias, canonical in (("serverUrl", "url"), ("type", "transport")):
         if alias in options:
             if canonical in options:
                 problems.append(f"{place}.{alias}: give either `{alias}` or `{canonical}`, not both")
-                return None
             options[canonical] = options.pop(alias)
+            written[canonical] = alias
     transport = options.get("transport")
     if transport is not None:
-        if not isinstance(transport, str) or transport not in _TRANSPORT_ALIASES:
+        if isinstance(transport, str) and transport in _TRANSPORT_ALIASES:
+            options["transport"] = _TRANSPORT_ALIASES[transport]
+        else:
             problems.append(
-                f"{place}.transport: unknown transport {transport!r} (expected stdio, http, streamable-http or sse)"
+                f"{place}.{written['transport']}: unknown transport {transport!r} "
+                "(expected stdio, http, streamable-http or sse)"
             )
-            return None
-        options["transport"] = _TRANSPORT_ALIASES[transport]
+            del options["transport"]
     if "name" in options:
         problems.append(f"{place}.name: unknown key (the server's name is its key in the mapping)")
-        return None
-    before = len(problems)
+        del options["name"]
     for key in ("only", "deny"):
         globs = options.get(key)
         if isinstance(globs, list):
             for i, glob in enumerate(globs):
                 if (why := glob_problem(glob)) is not None:
                     problems.append(f"{place}.{key}[{i}]: {why}")
-    if len(problems) > before:
-        return None
+            options[key] = [g for g in globs if glob_problem(g) is None]
     try:
-        return ServerSpec(name=name, **options)
+        spec = ServerSpec(name=name, **options)
     except ValidationError as e:
         for err in e.errors():
-            loc = ".".join(str(p) for p in err["loc"])
+            loc = ".".join(written.get(str(p), str(p)) for p in err["loc"])
             where = f"{place}.{loc}" if loc else place
             message = err["msg"].removeprefix("Value error, ")
             if err["type"] == "extra_forbidden":
                 message = "unknown key"
             problems.append(f"{where}: {message}")
         return None
+    return spec if len(problems) == before else None
 
 
 def glob_problem(glob: Any) -> str | None:
@@ -274,7 +306,7 @@ def glob_problem(glob: Any) -> str | None:
     return None
 
 
-def _prefix_clashes(servers: list[ServerSpec]) -> list[str]:
+def _prefix_clashes(servers: list[ServerSpec], sections: Mapping[str, str]) -> list[str]:
     owners: dict[str, str] = {}
     problems = []
     for spec in sorted(servers, key=lambda s: s.name):
@@ -282,7 +314,8 @@ def _prefix_clashes(servers: list[ServerSpec]) -> list[str]:
         if spec.disabled or prefix == "":
             continue
         if prefix in owners:
-            problems.append(f"servers.{spec.name}.prefix: prefix {prefix!r} is also used by server {owners[prefix]!r}")
+            place = f"{sections.get(spec.name, 'servers')}.{spec.name}.prefix"
+            problems.append(f"{place}: prefix {prefix!r} is also used by server {owners[prefix]!r}")
         else:
             owners[prefix] = spec.name
     return problems

@@ -11,7 +11,6 @@ import enum
 import math
 import os
 import random
-import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
@@ -21,11 +20,10 @@ from typing import Any, Self, cast
 import anyio
 import httpx2
 import mcp.types as types
-from mcp import ClientSession, MCPError, StdioServerParameters
+from mcp import ClientSession, MCPError
 from mcp.client._probe import negotiate_auto
 from mcp.client.session import IncomingMessage
 from mcp.client.sse import sse_client
-from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.client.subscriptions import ListenNotSupportedError, SubscriptionLost, listen
 from mcp.shared.dispatcher import ProgressFnT
@@ -37,6 +35,7 @@ from gateway import __version__
 from gateway.config import ConfigError, ResolvedServer, ServerSpec, resolve
 from gateway.filters import apply_filters
 from gateway.logs import get_logger, redact_text
+from gateway.stdio import stdio_transport
 
 Json = dict[str, Any]
 RAW: TypeAdapter[Any] = TypeAdapter(dict[str, Any])
@@ -55,8 +54,20 @@ class State(enum.StrEnum):
     DISABLED = "disabled"
 
 
-class Unavailable(Exception):
-    """The server cannot take a call now; the message says why (for the model to read)."""
+class CallFailed(Exception):
+    """A call did not reach a result. The message says why, for the model to read.
+
+    `transient` failures may be retried for read-only and idempotent tools; `repeatable` ones never
+    reached the tool, so any tool may be retried; `outcome` is the metrics outcome.
+    """
+
+    def __init__(self, message: str, *, outcome: str, transient: bool, repeatable: bool = False) -> None:
+        super().__init__(message)
+        self.outcome, self.transient, self.repeatable = outcome, transient, repeatable
+
+
+def _unavailable(name: str, reason: str) -> CallFailed:
+    return CallFailed(f"server '{name}' is unavailable: {reason}", outcome="unavailable", transient=True)
 
 
 class Backoff:
@@ -174,6 +185,11 @@ class Upstream:
         self._refresh_wanted = anyio.Event()
         self._closed = anyio.Event()
         self._backoff = Backoff()
+        self._up = anyio.Event()
+        self._reconnect_now = False
+        self._limiter = anyio.CapacityLimiter(spec.max_concurrent)
+        self._queued = 0
+        self.in_flight = 0
 
     async def run(self) -> None:
         """The owner task: connect, serve, reconnect with backoff, until cancelled."""
@@ -197,7 +213,8 @@ class Upstream:
             self.session = None
             await self._set_state(State.DOWN, reason)
             self.settled.set()
-            delay = self._backoff.delay(healthy_for)
+            delay = 0.0 if self._reconnect_now else self._backoff.delay(healthy_for)
+            self._reconnect_now = False
             log.info("upstream reconnect scheduled", server=self.name, delay_s=round(delay, 2))
             await anyio.sleep(delay)
             await self._set_state(State.CONNECTING, self.error)
@@ -213,7 +230,7 @@ class Upstream:
                     ClientSession(
                         _WatchedReadStream(read, self._closed),  # type: ignore[arg-type]
                         write,
-                        read_timeout_seconds=self.spec.timeout,
+                        read_timeout_seconds=None,  # each request sets its own bound
                         message_handler=self._on_message,
                         client_info=CLIENT_INFO,
                     )
@@ -235,6 +252,8 @@ class Upstream:
             tg.start_soon(self._refresher, session)
             if session.protocol_version in MODERN_PROTOCOL_VERSIONS:
                 tg.start_soon(self._listen, session)
+            if self.spec.refresh_interval:
+                tg.start_soon(self._poll, self.spec.refresh_interval)
             await self._closed.wait()
             tg.cancel_scope.cancel()
 
@@ -242,8 +261,7 @@ class Upstream:
         kind = self.spec.kind
         if kind == "stdio":
             assert r.command is not None
-            params = StdioServerParameters(command=r.command, args=r.args, env=r.env or None, cwd=r.cwd)
-            return stdio_client(params, errlog=sys.stderr)
+            return stdio_transport(self.name, r.command, r.args, r.env, r.cwd)
         assert r.url is not None
         if kind == "sse":
             return sse_client(r.url, headers=r.headers, timeout=30, sse_read_timeout=max(300, self.spec.timeout))
@@ -263,7 +281,7 @@ class Upstream:
         cursor: str | None = None
         while True:
             params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
-            page = await send_raw(session, types.ListToolsRequest(params=params))
+            page = await send_raw(session, types.ListToolsRequest(params=params), timeout=self.spec.timeout)
             raw.extend(t for t in page.get("tools", []) if isinstance(t, dict))
             cursor = page.get("nextCursor")
             if not cursor:
@@ -322,24 +340,49 @@ class Upstream:
                 self.tools = tools
                 await self._on_change(self)
 
+    async def _poll(self, interval: float) -> None:
+        while True:
+            await anyio.sleep(interval)
+            self._refresh_wanted.set()
+
     def refresh(self) -> None:
         """Ask for the tools to be listed again soon."""
         self._refresh_wanted.set()
+
+    async def wait_up(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds for the server to be up; True if it is."""
+        with anyio.move_on_after(timeout):
+            await self._up.wait()
+        return self.state is State.UP
+
+    def reconnect(self) -> None:
+        """Drop the connection and connect again at once (e.g. after the HTTP session expired)."""
+        self._reconnect_now = True
+        self._closed.set()
 
     async def call(
         self,
         name: str,
         arguments: Mapping[str, Any] | None,
         meta: Mapping[str, Any] | None,
-        progress: ProgressFnT | None = None,
+        report: ProgressFnT | None = None,
     ) -> Json:
-        """Call an upstream tool by its ORIGINAL name; the raw result dict comes back as the upstream sent it.
+        """Call a tool by its ORIGINAL name; the raw result dict comes back as the upstream sent it.
 
-        Raises `Unavailable` when the server is not up and `MCPError` for protocol-level failures.
+        `timeout` bounds silence (each progress notice restarts the clock) and `max_call_time` the
+        whole call; a call that runs out is cancelled upstream. Raises `CallFailed`, or `MCPError`
+        for an error the upstream answered with.
         """
         session = self.session
         if session is None or self.state is not State.UP:
-            raise Unavailable(f"server '{self.name}' is unavailable: {self.error or self.state.value}")
+            raise _unavailable(self.name, self.error or self.state.value)
+        if self._limiter.available_tokens < 1 and self._queued >= self.spec.max_queued:
+            raise CallFailed(
+                f"server '{self.name}' is busy: {self.spec.max_concurrent} calls in flight "
+                f"and {self._queued} waiting; try again later",
+                outcome="busy",
+                transient=False,
+            )
         request = types.CallToolRequest(
             params=types.CallToolRequestParams(
                 name=name,
@@ -347,16 +390,70 @@ class Upstream:
                 _meta=cast(types.RequestParamsMeta, dict(meta)) if meta else None,
             )
         )
-        try:
-            return await send_raw(session, request, timeout=self.spec.timeout, progress=progress)
-        except MCPError as e:
-            if e.code == types.CONNECTION_CLOSED:
-                self._closed.set()
-            raise
+        acquired = False
+        now = anyio.current_time()
+        hard = now + self.spec.max_call_time if self.spec.max_call_time else math.inf
+        with anyio.CancelScope(deadline=min(now + self.spec.timeout, hard)) as scope:
+
+            async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+                scope.deadline = min(anyio.current_time() + self.spec.timeout, hard)
+                if report is not None:
+                    await report(progress, total, message)
+
+            self._queued += 1
+            try:
+                await self._limiter.acquire()
+            finally:
+                self._queued -= 1
+            acquired = True
+            self.in_flight += 1
+            try:
+                return await send_raw(session, request, progress=on_progress)
+            except MCPError as e:
+                raise self._failure(e) from None
+            finally:
+                self.in_flight -= 1
+                self._limiter.release()
+        if not acquired:
+            raise CallFailed(
+                f"server '{self.name}' is busy: no free slot within the {self.spec.timeout:g} s timeout",
+                outcome="busy",
+                transient=False,
+            )
+        raise CallFailed(
+            f"server '{self.name}' did not answer within {self._limit_text(hard - now)}; the call was cancelled",
+            outcome="timeout",
+            transient=True,
+        )
+
+    def _limit_text(self, total: float) -> str:
+        if total <= self.spec.timeout or math.isinf(total):
+            return f"the {self.spec.timeout:g} s timeout"
+        return f"max_call_time ({total:g} s)"
+
+    def _failure(self, e: MCPError) -> CallFailed | MCPError:
+        code, message = e.code, e.error.message
+        if code == types.CONNECTION_CLOSED:
+            self._closed.set()
+            return _unavailable(self.name, "the connection was lost during the call")
+        if code == types.REQUEST_TIMEOUT:
+            return CallFailed(f"server '{self.name}' timed out", outcome="timeout", transient=True)
+        if code == types.INVALID_REQUEST and message == "Session terminated":
+            self.reconnect()
+            return CallFailed(
+                f"server '{self.name}' ended the session", outcome="unavailable", transient=True, repeatable=True
+            )
+        if code == types.INTERNAL_ERROR and message == "Server returned an error response":
+            return _unavailable(self.name, "it answered with an HTTP error status")
+        return e
 
     async def _set_state(self, state: State, error: str | None) -> None:
         changed = state is not self.state
         self.state, self.error = state, error
+        if state is State.UP:
+            self._up.set()
+        elif self._up.is_set():
+            self._up = anyio.Event()
         if changed:
             self.since = time.time()
             if state is not State.UP:

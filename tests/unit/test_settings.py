@@ -1,0 +1,130 @@
+"""Process settings: CLI over MANIFOLD_* env over the config file over defaults."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from gateway.config import ConfigError
+from gateway.settings import DEFAULT_CONFIG, FILE_KEYS, build_settings, config_path, load
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch):
+    for key in list(os.environ):
+        if key.upper().startswith("MANIFOLD_"):
+            monkeypatch.delenv(key)
+
+
+def test_file_keys():
+    assert frozenset({"host", "port", "allowed_hosts", "allowed_origins", "log_level", "log_format"}) == FILE_KEYS
+
+
+def test_defaults():
+    s = build_settings({}, {})
+    assert s.config == DEFAULT_CONFIG == Path("config/manifold.yaml")
+    assert (s.host, s.port) == ("127.0.0.1", 8080)
+    assert (s.allowed_hosts, s.allowed_origins) == ([], [])
+    assert (s.log_level, s.log_format) == ("info", "auto")
+
+
+def test_file_over_defaults():
+    s = build_settings({}, {"host": "0.0.0.0", "port": 9000, "log_level": "debug"})
+    assert (s.host, s.port, s.log_level) == ("0.0.0.0", 9000, "debug")
+    assert s.log_format == "auto"
+
+
+def test_env_over_file(monkeypatch):
+    monkeypatch.setenv("MANIFOLD_PORT", "9100")
+    monkeypatch.setenv("MANIFOLD_HOST", "10.0.0.1")
+    s = build_settings({}, {"host": "0.0.0.0", "port": 9000, "log_level": "debug"})
+    assert (s.host, s.port, s.log_level) == ("10.0.0.1", 9100, "debug")
+
+
+def test_cli_over_env_over_file(monkeypatch):
+    monkeypatch.setenv("MANIFOLD_PORT", "9100")
+    monkeypatch.setenv("MANIFOLD_HOST", "10.0.0.1")
+    s = build_settings({"port": 9200}, {"host": "0.0.0.0", "port": 9000})
+    assert s.port == 9200
+    assert s.host == "10.0.0.1"
+
+
+def test_cli_over_file_without_env():
+    assert build_settings({"host": "h"}, {"host": "f"}).host == "h"
+
+
+def test_env_comma_list(monkeypatch):
+    monkeypatch.setenv("MANIFOLD_ALLOWED_HOSTS", "gw:8080, localhost ,,")
+    s = build_settings({}, {"allowed_hosts": ["from-file"]})
+    assert s.allowed_hosts == ["gw:8080", "localhost"]
+
+
+def test_file_list_and_comma_string():
+    assert build_settings({}, {"allowed_origins": ["http://a", "http://b"]}).allowed_origins == [
+        "http://a",
+        "http://b",
+    ]
+    assert build_settings({}, {"allowed_origins": "http://a,http://b"}).allowed_origins == [
+        "http://a",
+        "http://b",
+    ]
+
+
+def test_bad_values_raise_config_error_with_place(monkeypatch):
+    with pytest.raises(ConfigError) as info:
+        build_settings({"port": 70000}, {})
+    assert info.value.problems == ["port: Input should be less than or equal to 65535"]
+
+    with pytest.raises(ConfigError) as info:
+        build_settings({}, {"log_level": "loud"})
+    assert info.value.problems == ["log_level: Input should be 'debug', 'info', 'warning' or 'error'"]
+
+    monkeypatch.setenv("MANIFOLD_PORT", "abc")
+    with pytest.raises(ConfigError) as info:
+        build_settings({}, {})
+    assert [p.split(":")[0] for p in info.value.problems] == ["port"]
+
+
+def test_cli_value_fixes_a_bad_env_value(monkeypatch):
+    monkeypatch.setenv("MANIFOLD_LOG_LEVEL", "warning")
+    assert build_settings({"log_level": "error"}, {"log_level": "debug"}).log_level == "error"
+
+
+def test_config_path_precedence(monkeypatch):
+    assert config_path({}, {}) == DEFAULT_CONFIG
+    assert config_path({}, {"MANIFOLD_CONFIG": "env.yaml"}) == Path("env.yaml")
+    assert config_path({"config": "cli.yaml"}, {"MANIFOLD_CONFIG": "env.yaml"}) == Path("cli.yaml")
+    assert config_path({"config": None}, {"MANIFOLD_CONFIG": "env.yaml"}) == Path("env.yaml")
+    assert config_path({}, {"MANIFOLD_CONFIG": ""}) == DEFAULT_CONFIG
+
+
+def test_load_reads_file_settings_and_servers(tmp_path, monkeypatch):
+    path = tmp_path / "m.yaml"
+    path.write_text("host: 0.0.0.0\nport: 9000\nservers:\n  t:\n    command: mcp-server-time\n")
+    monkeypatch.setenv("MANIFOLD_PORT", "9100")
+    settings, file = load({"config": str(path), "host": None, "port": None})
+    assert settings.config == path
+    assert (settings.host, settings.port) == ("0.0.0.0", 9100)
+    assert [s.name for s in file.servers] == ["t"]
+    assert file.settings == {"host": "0.0.0.0", "port": 9000}
+
+    settings, _ = load({"config": str(path), "port": 9300})
+    assert settings.port == 9300
+
+
+def test_load_uses_manifold_config_env(tmp_path, monkeypatch):
+    path = tmp_path / "env.yaml"
+    path.write_text("log_level: debug\n")
+    monkeypatch.setenv("MANIFOLD_CONFIG", str(path))
+    settings, file = load({})
+    assert settings.config == path
+    assert settings.log_level == "debug"
+    assert file.servers == []
+
+
+def test_load_rejects_unknown_file_keys(tmp_path):
+    path = tmp_path / "m.yaml"
+    path.write_text("prot: 9000\n")
+    with pytest.raises(ConfigError) as info:
+        load({"config": str(path)})
+    assert info.value.problems[0].startswith("prot: unknown key")
