@@ -2,8 +2,6 @@
 
 import hashlib
 
-import pytest
-
 from gateway.catalog import Catalog, Collision, Entry, ToolSet, merge
 
 
