@@ -58,13 +58,13 @@ ENV PATH=/opt/venv/bin:$PATH \
     MANIFOLD_ALLOWED_HOSTS=manifold,manifold:* \
     MANIFOLD_LOG_FORMAT=json
 
-USER manifold
+USER 10001:10001
 WORKDIR /home/manifold
 EXPOSE 8080
 
 # python, not curl (slim has none); proxies bypassed: this is always the container's own loopback.
 HEALTHCHECK --interval=10s --timeout=3s --start-period=5s --retries=3 \
-    CMD python -c "import os, urllib.request as u; u.build_opener(u.ProxyHandler({})).open('http://127.0.0.1:%s/healthz' % os.environ.get('MANIFOLD_PORT', '8080'), timeout=2)" || exit 1
+    CMD ["python", "-c", "import os, urllib.request as u; u.build_opener(u.ProxyHandler({})).open('http://127.0.0.1:%s/healthz' % os.environ.get('MANIFOLD_PORT', '8080'), timeout=2)"]
 
 # Exec form: `manifold` is PID 1 and receives SIGTERM itself (uvicorn shuts down on it).
 # `docker run IMAGE tools` or `IMAGE check` runs the other subcommands.

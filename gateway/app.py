@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 
+import uvicorn
 from mcp.server.transport_security import TransportSecuritySettings
+from sse_starlette.sse import AppStatus
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -48,6 +51,34 @@ def server_status(registry: Registry) -> list[dict[str, object]]:
         }
         for up in sorted(registry.upstreams.values(), key=lambda u: u.name)
     ]
+
+
+class GatewayServer(uvicorn.Server):
+    """uvicorn, with a drain before its shutdown and a clean exit status after SIGTERM or SIGINT."""
+
+    def __init__(self, config: uvicorn.Config, frontend: Frontend, drain_timeout: float) -> None:
+        super().__init__(config)
+        self._frontend, self._drain_timeout = frontend, drain_timeout
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        for server in self.servers:
+            server.close()
+        await self._frontend.drain(self._drain_timeout)
+        AppStatus.should_exit = True  # now end whatever SSE streams are left
+        await super().shutdown(sockets)
+        self._captured_signals.clear()  # exit 0 instead of re-raising the signal
+
+
+def serve(settings: Settings, config: FileConfig) -> None:
+    """Run the gateway until SIGTERM or SIGINT, then drain and stop."""
+    app = build_app(settings, config)
+    server_config = uvicorn.Config(
+        app, host=settings.host, port=settings.port, log_config=None, lifespan="on", timeout_graceful_shutdown=2
+    )
+    # sse-starlette would end every SSE stream, calls in flight included, the moment SIGTERM lands;
+    # the drain above ends them itself once the calls are done.
+    AppStatus.disable_automatic_graceful_drain()  # type: ignore[no-untyped-call]
+    GatewayServer(server_config, app.state.frontend, settings.drain_timeout).run()
 
 
 def build_app(settings: Settings, config: FileConfig, environ: Mapping[str, str] | None = None) -> Starlette:

@@ -53,21 +53,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _serve(settings: Settings, config: FileConfig) -> int:
-    import uvicorn
-
-    from gateway.app import build_app
+    from gateway.app import serve
     from gateway.logs import configure
 
     configure(settings.log_level, settings.log_format)
-    app = build_app(settings, config)
-    uvicorn.run(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_config=None,
-        timeout_graceful_shutdown=10,
-        lifespan="on",
-    )
+    serve(settings, config)
     return 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import anyio
 import mcp.types as types
 from mcp import MCPError
 from mcp.server import NotificationOptions, Server, ServerRequestContext
@@ -48,6 +49,9 @@ class Frontend:
         self.listen_handler = ListenHandler(self.bus)
         self._legacy_sessions: dict[str, Any] = {}
         self._listing_cache: dict[tuple[int, str], HandlerResult] = {}
+        self.draining = False
+        self.calls_in_flight = 0
+        self._calls_done = anyio.Event()
         self.server = GatewayServer(
             "manifold",
             version=__version__,
@@ -78,7 +82,28 @@ class Frontend:
         return result  # type: ignore[return-value]
 
     async def _call_tool(self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> Any:
-        return await call_tool(self.registry, ctx, params)
+        if self.draining:
+            raise MCPError(types.INTERNAL_ERROR, "The gateway is shutting down; retry on another replica")
+        self.calls_in_flight += 1
+        try:
+            return await call_tool(self.registry, ctx, params)
+        finally:
+            self.calls_in_flight -= 1
+            if self.calls_in_flight == 0:
+                self._calls_done.set()
+
+    async def drain(self, timeout: float) -> None:
+        """Refuse new calls, close listen streams, and let calls in flight finish (up to `timeout` s)."""
+        self.draining = True
+        self.listen_handler.close()
+        if self.calls_in_flight:
+            log.info("draining calls in flight", calls=self.calls_in_flight, timeout_s=timeout)
+            self._calls_done = anyio.Event()
+            with anyio.move_on_after(timeout):
+                await self._calls_done.wait()
+        # The last results still travel through the transport's streams to the socket; give them a moment
+        # before the caller (GatewayServer.shutdown) ends every remaining stream.
+        await anyio.sleep(0.25)
 
     async def _cached_listing(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
         """Serve tools/list from a result shaped once per catalog version and protocol version."""

@@ -35,6 +35,7 @@ class Settings(BaseSettings):
     allowed_origins: CommaList = Field(default_factory=list)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: LogFormat = "auto"
+    drain_timeout: float = Field(10.0, ge=0)
 
     @field_validator("allowed_hosts", "allowed_origins", mode="before")
     @classmethod

@@ -13,7 +13,7 @@ RUN pip install -c requirements.lock mcp \
     && useradd --system --uid 10002 --no-create-home upstream
 COPY tests/fixtures/upstream.py ./upstream.py
 
-USER upstream
+USER 10002
 EXPOSE 9000
 ENTRYPOINT ["python", "upstream.py", "--transport", "http", "--host", "0.0.0.0"]
 CMD ["--port", "9000", "--name", "web"]

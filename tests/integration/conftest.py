@@ -166,3 +166,72 @@ async def connect(url: str, era: str, **session_kwargs: Any) -> AsyncIterator[Er
             await s.initialize()
             assert s.protocol_version == era
             yield EraClient(s)
+
+
+class Changes:
+    """Counts `tools/list_changed` notices a downstream client receives."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._event = anyio.Event()
+
+    def bump(self) -> None:
+        self.count += 1
+        self._event.set()
+        self._event = anyio.Event()
+
+    async def wait_beyond(self, seen: int, timeout: float = 20) -> int:
+        """Wait until more than `seen` notices arrived; return the count."""
+        with anyio.fail_after(timeout):
+            while self.count <= seen:
+                await self._event.wait()
+        return self.count
+
+
+@asynccontextmanager
+async def watch_changes(url: str, era: str) -> AsyncIterator[tuple[EraClient, Changes]]:
+    """A client of `era` plus a counter of the list_changed notices it receives, in its era's way."""
+    from mcp.client.subscriptions import listen
+    from mcp.types import ToolListChangedNotification
+
+    changes = Changes()
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, ToolListChangedNotification):
+            changes.bump()
+
+    if era == "2025-11-25":
+        async with connect(url, era, message_handler=on_message) as client:
+            yield client, changes
+        return
+    async with connect(url, era) as client, anyio.create_task_group() as tg:
+        subscribed = anyio.Event()
+
+        async def listener() -> None:
+            async with listen(client.session, tools_list_changed=True) as subscription:
+                subscribed.set()
+                async for _ in subscription:
+                    changes.bump()
+
+        tg.start_soon(listener)
+        with anyio.fail_after(10):
+            await subscribed.wait()
+        yield client, changes
+        tg.cancel_scope.cancel()
+
+
+def upstream_pids(gateway: Gateway, server: str) -> list[int]:
+    """PIDs of the stdio processes the gateway started for `server`, oldest first."""
+    return [
+        e["pid"]
+        for e in gateway.log_events()
+        if e.get("event") == "upstream process started" and e.get("server") == server
+    ]
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True

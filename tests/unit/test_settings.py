@@ -17,7 +17,10 @@ def _clean_env(monkeypatch):
 
 
 def test_file_keys():
-    assert frozenset({"host", "port", "allowed_hosts", "allowed_origins", "log_level", "log_format"}) == FILE_KEYS
+    assert (
+        frozenset({"host", "port", "allowed_hosts", "allowed_origins", "log_level", "log_format", "drain_timeout"})
+        == FILE_KEYS
+    )
 
 
 def test_defaults():

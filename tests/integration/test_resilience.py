@@ -1,0 +1,304 @@
+"""Upstream faults with real processes: kills, hangs, garbage, slow starts, tool changes, shutdown."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+import pytest
+
+from tests.fixtures.servers import run_http_fixture, stdio_spec
+from tests.integration.conftest import (
+    ERAS,
+    connect,
+    group_alive,
+    run_gateway,
+    upstream_pids,
+    watch_changes,
+)
+
+pytestmark = pytest.mark.anyio
+
+
+async def _wait(predicate, timeout: float = 15.0, what: str = "condition") -> None:
+    with anyio.move_on_after(timeout):
+        while not predicate():
+            await anyio.sleep(0.05)
+        return
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.parametrize("era", ERAS)
+async def test_kill_mid_call_fails_that_call_only_and_the_server_comes_back(tmp_path: Path, era: str) -> None:
+    config = {"servers": {"fx": stdio_spec(), "other": stdio_spec()}}
+    with run_gateway(tmp_path, config) as gw:
+        async with watch_changes(gw.url, era) as (client, changes):
+            await client.wait_for(lambda n: "fx__slow" in n and "other__slow" in n)
+            (pid,) = upstream_pids(gw, "fx")
+            results: dict[str, Any] = {}
+
+            async def call(name: str, seconds: float) -> None:
+                results[name] = await client.call(name, {"seconds": seconds})
+
+            seen = changes.count
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call, "fx__slow", 10)
+                tg.start_soon(call, "other__slow", 1.5)
+                await anyio.sleep(0.5)
+                os.kill(pid, signal.SIGKILL)
+            dead = results["fx__slow"]
+            assert dead.is_error is True
+            assert "server 'fx'" in dead.content[0].text
+            assert "connection was lost" in dead.content[0].text
+            assert results["other__slow"].is_error is False
+            assert results["other__slow"].content[0].text == "slept"
+
+            # Down: fx's tools vanish and the client is told; back up: they return and it is told again.
+            seen = await changes.wait_beyond(seen)
+            await client.wait_for(lambda n: "fx__slow" in n, timeout=20)
+            await changes.wait_beyond(seen)
+            assert (await client.call("fx__echo", {"text": "back"})).content[0].text == "back"
+            assert len(upstream_pids(gw, "fx")) == 2
+
+
+async def test_read_only_call_is_retried_after_a_drop_and_others_are_not(tmp_path: Path) -> None:
+    config = {"servers": {"fx": stdio_spec()}}
+    with run_gateway(tmp_path, config) as gw:
+        async with connect(gw.url, "2026-07-28") as client:
+            await client.wait_for(lambda n: "fx__slow_read" in n)
+            results: dict[str, Any] = {}
+
+            async def call(name: str) -> None:
+                results[name] = await client.call(name, {"seconds": 1.0})
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call, "fx__slow_read")
+                tg.start_soon(call, "fx__slow")
+                await anyio.sleep(0.4)
+                os.kill(upstream_pids(gw, "fx")[0], signal.SIGKILL)
+            retried = results["fx__slow_read"]
+            assert retried.is_error is False, retried.content[0].text
+            _first, second = upstream_pids(gw, "fx")
+            assert retried.content[0].text == f"slept in {second}"
+            assert results["fx__slow"].is_error is True
+        retries = [e for e in gw.log_events() if e.get("event") == "retrying call"]
+        assert [e["tool"] for e in retries] == ["fx__slow_read"]
+
+
+async def test_hung_upstream_times_out_is_cancelled_and_does_not_slow_others(tmp_path: Path) -> None:
+    cancel_file = tmp_path / "cancelled"
+    config = {
+        "servers": {
+            "hung": {**stdio_spec(), "timeout": 2, "env": {"FIXTURE_CANCEL_FILE": str(cancel_file)}},
+            "fast": stdio_spec(),
+        }
+    }
+    with run_gateway(tmp_path, config) as gw:
+        async with connect(gw.url, "2025-11-25") as client:
+            await client.wait_for(lambda n: "hung__hang" in n and "fast__echo" in n)
+            latencies: list[float] = []
+            outcome: dict[str, Any] = {}
+
+            async def hang() -> None:
+                started = time.monotonic()
+                outcome["result"] = await client.call("hung__hang")
+                outcome["took"] = time.monotonic() - started
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(hang)
+                await anyio.sleep(0.2)
+                while "result" not in outcome:
+                    started = time.monotonic()
+                    assert (await client.call("fast__echo", {"text": "x"})).content[0].text == "x"
+                    latencies.append(time.monotonic() - started)
+                    await anyio.sleep(0.05)
+        result = outcome["result"]
+        assert result.is_error is True
+        assert "did not answer within the 2 s timeout" in result.content[0].text
+        assert 1.8 < outcome["took"] < 5
+        assert len(latencies) >= 5
+        assert max(latencies) < 0.5, latencies
+        await _wait(lambda: cancel_file.exists() and "cancelled" in cancel_file.read_text(), 5, "upstream cancel")
+
+
+async def test_progress_restarts_the_clock(tmp_path: Path) -> None:
+    config = {"servers": {"fx": {**stdio_spec(), "timeout": 1.5}}}
+    with run_gateway(tmp_path, config) as gw:
+        async with connect(gw.url, "2026-07-28") as client:
+            await client.wait_for(lambda n: "fx__progress" in n)
+            # 6 steps 0.6 s apart outlast the 1.5 s timeout only because each step resets it.
+            seen: list[float] = []
+
+            async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+                seen.append(progress)
+
+            result = await client.call("fx__progress", {"steps": 6, "delay": 0.6}, progress_callback=on_progress)
+            assert result.is_error is False, result.content[0].text
+            assert result.content[0].text == "done"
+            assert seen == [1, 2, 3, 4, 5, 6]
+            # Without progress the same silence is a timeout.
+            silent = await client.call("fx__slow", {"seconds": 3})
+            assert silent.is_error is True
+            assert "timeout" in silent.content[0].text
+
+
+@pytest.mark.parametrize("era", ERAS)
+async def test_progress_reaches_the_caller_before_the_result(tmp_path: Path, era: str) -> None:
+    with run_http_fixture(name="web") as web:
+        config = {"servers": {"fx": stdio_spec(), "web": {"url": web.url}}}
+        with run_gateway(tmp_path, config) as gw:
+            async with connect(gw.url, era) as client:
+                await client.wait_for(lambda n: "fx__progress" in n and "web__progress" in n)
+                for tool in ("fx__progress", "web__progress"):
+                    events: list[object] = []
+
+                    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+                        events.append((progress, total))  # noqa: B023
+
+                    result = await client.call(tool, {"steps": 5, "delay": 0}, progress_callback=on_progress)
+                    events.append("result")
+                    assert result.content[0].text == "done"
+                    assert events == [(1, 5), (2, 5), (3, 5), (4, 5), (5, 5), "result"], tool
+
+
+async def test_startup_does_not_wait_for_a_server_that_never_answers(tmp_path: Path) -> None:
+    config = {
+        "servers": {
+            "silent": {**stdio_spec("hang-at-start"), "startup_timeout": 60},
+            "fx": stdio_spec(),
+        }
+    }
+    started = time.monotonic()
+    with run_gateway(tmp_path, config) as gw:
+        async with connect(gw.url, "2026-07-28") as client:
+            names = await client.wait_for(lambda n: "fx__echo" in n, timeout=10)
+            assert time.monotonic() - started < 10
+            assert not [n for n in names if n.startswith("silent__")]
+            assert (await client.call("fx__echo", {"text": "meanwhile"})).content[0].text == "meanwhile"
+        status = {s["name"]: s["state"] for s in httpx2.get(f"{gw.base}/readyz").json()["servers"]}
+        assert status == {"fx": "up", "silent": "connecting"}
+
+
+@pytest.mark.parametrize("mode", ["garbage", "exit-at-start"])
+async def test_a_broken_stdio_server_is_down_and_backed_off(tmp_path: Path, mode: str) -> None:
+    config = {"servers": {"bad": {**stdio_spec(mode), "startup_timeout": 2}, "fx": stdio_spec()}}
+    with run_gateway(tmp_path, config) as gw:
+        async with connect(gw.url, "2025-11-25") as client:
+            await client.wait_for(lambda n: "fx__echo" in n)
+            await anyio.sleep(4)
+            assert (await client.call("fx__echo", {"text": "ok"})).content[0].text == "ok"
+        status = {s["name"]: s for s in httpx2.get(f"{gw.base}/readyz").json()["servers"]}
+        assert status["bad"]["state"] in ("down", "connecting")
+        assert status["bad"]["error"]
+        starts = upstream_pids(gw, "bad")
+        assert 1 <= len(starts) <= 4, f"respawned {len(starts)} times in 4 s: not backed off"
+
+
+async def test_garbage_http_upstream_is_down_others_serve(tmp_path: Path) -> None:
+    with run_http_fixture(mode="garbage") as bad:
+        config = {"servers": {"bad": {"url": bad.url, "startup_timeout": 3}, "fx": stdio_spec()}}
+        with run_gateway(tmp_path, config) as gw:
+            async with connect(gw.url, "2026-07-28") as client:
+                names = await client.wait_for(lambda n: "fx__echo" in n)
+                assert not [n for n in names if n.startswith("bad__")]
+            await _wait(
+                lambda: httpx2.get(f"{gw.base}/readyz").json()["servers"][0]["error"] is not None, 10, "bad error"
+            )
+
+
+@pytest.mark.parametrize("era", ERAS)
+async def test_tool_list_changes_reach_clients_with_filters_reapplied(tmp_path: Path, era: str) -> None:
+    config = {"servers": {"fx": {**stdio_spec(), "deny": ["secret_*"]}}}
+    with run_gateway(tmp_path, config) as gw:
+        async with watch_changes(gw.url, era) as (client, changes):
+            await client.wait_for(lambda n: "fx__set_tools" in n)
+            seen = changes.count
+            await client.call("fx__set_tools", {"names": ["extra_one", "secret_two"]})
+            seen = await changes.wait_beyond(seen)
+            names = await client.tool_names()
+            assert "fx__extra_one" in names
+            assert "fx__secret_two" not in names
+            assert (await client.call("fx__extra_one")).content[0].text == "extra_one"
+
+            # The upstream announces a change, but the merged view is the same: nothing is sent.
+            await client.call("fx__set_tools", {"names": ["extra_one", "secret_three"]})
+            await anyio.sleep(1.5)
+            assert changes.count == seen
+            assert "fx__secret_three" not in await client.tool_names()
+
+
+async def test_http_upstream_restart_is_reconnected(tmp_path: Path) -> None:
+    with run_http_fixture(name="web") as web:
+        config = {"servers": {"web": {"url": web.url}}}
+        port = web.port
+        with run_gateway(tmp_path, config) as gw:
+            async with connect(gw.url, "2026-07-28") as client:
+                await client.wait_for(lambda n: "web__echo" in n)
+                os.killpg(web.proc.pid, signal.SIGKILL)
+                web.proc.wait()
+                down = await client.call("web__echo", {"text": "x"})
+                # The first call after the kill either finds it down or loses the connection: both are errors.
+                assert down.is_error is True
+                assert "server 'web'" in down.content[0].text
+                with run_http_fixture(name="web", port=port) as again:
+                    assert again.port == port
+                    await client.wait_for(lambda n: "web__echo" in n, timeout=30)
+                    await _wait_call_ok(client)
+
+
+async def _wait_call_ok(client) -> None:
+    with anyio.fail_after(20):
+        while True:
+            result = await client.call("web__echo", {"text": "again"})
+            if not result.is_error:
+                assert result.content[0].text == "again"
+                return
+            await anyio.sleep(0.3)
+
+
+def test_shutdown_drains_calls_and_leaves_no_process_behind(tmp_path: Path) -> None:
+    marker = f"{4000 + os.getpid() % 1000}.5"
+    spawner = {
+        "command": "sh",
+        "args": ["-c", f"sleep {marker} & exec {stdio_spec()['command']} {' '.join(stdio_spec()['args'])}"],
+    }
+    config = {"servers": {"fx": stdio_spec(), "spawner": spawner}}
+    with run_gateway(tmp_path, config) as gw:
+
+        async def scenario() -> Any:
+            async with connect(gw.url, "2025-11-25") as client:
+                await client.wait_for(lambda n: "fx__slow" in n and "spawner__echo" in n)
+                async with anyio.create_task_group() as tg:
+                    result: dict[str, Any] = {}
+
+                    async def slow() -> None:
+                        result["slow"] = await client.call("fx__slow", {"seconds": 1.5})
+
+                    tg.start_soon(slow)
+                    await anyio.sleep(0.4)
+                    gw.proc.send_signal(signal.SIGTERM)
+                return result["slow"]
+
+        slow = anyio.run(scenario)
+        assert slow.is_error is False and slow.content[0].text == "slept"
+        assert gw.proc.wait(20) == 0
+        pids = upstream_pids(gw, "fx") + upstream_pids(gw, "spawner")
+        assert len(pids) == 2
+        deadline = time.monotonic() + 5
+        while any(group_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [p for p in pids if group_alive(p)], "an upstream process group outlived the gateway"
+        leftovers = []
+        for proc in Path("/proc").iterdir():
+            if proc.name.isdigit():
+                try:
+                    if marker in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                        leftovers.append(proc.name)
+                except OSError:
+                    continue
+        assert not leftovers, f"grandchild 'sleep {marker}' left behind: {leftovers}"
