@@ -444,6 +444,9 @@ class Upstream:
                 f"server '{self.name}' ended the session", outcome="unavailable", transient=True, repeatable=True
             )
         if code == types.INTERNAL_ERROR and message == "Server returned an error response":
+            if self.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+                # Session servers that forgot the session (a restart) often answer 400, not 404: start afresh.
+                self.reconnect()
             return _unavailable(self.name, "it answered with an HTTP error status")
         return e
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -12,9 +14,10 @@ import anyio
 import httpx2
 import pytest
 
-from tests.fixtures.servers import run_http_fixture, stdio_spec
+from tests.fixtures.servers import free_port, run_http_fixture, stdio_spec
 from tests.integration.conftest import (
     ERAS,
+    THIRDPARTY,
     connect,
     group_alive,
     run_gateway,
@@ -302,3 +305,68 @@ def test_shutdown_drains_calls_and_leaves_no_process_behind(tmp_path: Path) -> N
                 except OSError:
                     continue
         assert not leftovers, f"grandchild 'sleep {marker}' left behind: {leftovers}"
+
+
+async def test_busy_server_refuses_beyond_its_queue_and_others_serve(tmp_path: Path) -> None:
+    config = {"servers": {"small": {**stdio_spec(), "max_concurrent": 1, "max_queued": 1}, "fx": stdio_spec()}}
+    with run_gateway(tmp_path, config) as gw:
+        async with connect(gw.url, "2026-07-28") as client:
+            await client.wait_for(lambda n: "small__slow" in n and "fx__echo" in n)
+            results: list[Any] = []
+
+            async def slow() -> None:
+                results.append(await client.call("small__slow", {"seconds": 1.0}))
+
+            async with anyio.create_task_group() as tg:
+                for _ in range(3):
+                    tg.start_soon(slow)
+                    await anyio.sleep(0.1)
+                assert (await client.call("fx__echo", {"text": "free"})).content[0].text == "free"
+            texts = sorted(r.content[0].text for r in results)
+            busy = [t for t in texts if "is busy" in t]
+            assert len(busy) == 1, texts
+            assert "server 'small' is busy" in busy[0]
+            assert texts.count("slept") == 2, "one call runs, one waits in the queue and then runs"
+
+
+def _everything_http(port: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        ["node", str(THIRDPARTY / "server-everything/dist/index.js"), "streamableHttp"],
+        env={**os.environ, "PORT": str(port)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+@pytest.mark.skipif(not THIRDPARTY.exists(), reason="npm test upstreams not installed")
+async def test_expired_http_session_is_reinitialised_transparently(tmp_path: Path) -> None:
+    port = free_port()
+    upstream = _everything_http(port)
+    try:
+        await _wait(lambda: _port_open(port), 15, "server-everything to listen")
+        config = {"servers": {"ev": {"url": f"http://127.0.0.1:{port}/mcp"}}}
+        with run_gateway(tmp_path, config) as gw:
+            async with connect(gw.url, "2026-07-28") as client:
+                await client.wait_for(lambda n: "ev__get-sum" in n)
+                assert "42" in (await client.call("ev__get-sum", {"a": 40, "b": 2})).content[0].text
+                # A restart forgets every session: the gateway's next request meets 404 for its session id.
+                os.killpg(upstream.pid, signal.SIGKILL)
+                upstream.wait()
+                upstream = _everything_http(port)
+                await _wait(lambda: _port_open(port), 15, "server-everything to listen again")
+                with anyio.fail_after(30):
+                    while True:
+                        result = await client.call("ev__get-sum", {"a": 1, "b": 2})
+                        if not result.is_error:
+                            break
+                        await anyio.sleep(0.3)
+                assert "3" in result.content[0].text
+    finally:
+        os.killpg(upstream.pid, signal.SIGKILL)
+        upstream.wait()
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
