@@ -5,13 +5,15 @@ from __future__ import annotations
 import socket
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 
 import uvicorn
 from mcp.server.transport_security import TransportSecuritySettings
+from prometheus_client import start_http_server
 from sse_starlette.sse import AppStatus
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 
 from gateway.config import FileConfig
@@ -40,17 +42,28 @@ def transport_security(settings: Settings) -> TransportSecuritySettings:
 
 
 def server_status(registry: Registry) -> list[dict[str, object]]:
-    """Each server's state, tool count, last error and since when, sorted by name."""
+    """Each server's state, tool count, last error and since when (ISO 8601), sorted by name."""
     return [
         {
             "name": up.name,
             "state": up.state.value,
+            "required": up.spec.required,
             "tools": len(up.tools) if up.state is State.UP else 0,
             "error": up.error,
-            "since": up.since,
+            "since": datetime.fromtimestamp(up.since, UTC).isoformat(timespec="seconds"),
         }
         for up in sorted(registry.upstreams.values(), key=lambda u: u.name)
     ]
+
+
+def readiness(registry: Registry, started: bool) -> tuple[bool, dict[str, object]]:
+    """Ready once started and every `required: true` server is up; the body lists every server."""
+    waiting = [u.name for u in registry.upstreams.values() if u.spec.required and u.state is not State.UP]
+    ready = started and not waiting
+    body: dict[str, object] = {"status": "ready" if ready else "not ready", "servers": server_status(registry)}
+    if waiting:
+        body["waiting_for"] = sorted(waiting)
+    return ready, body
 
 
 class GatewayServer(uvicorn.Server):
@@ -78,6 +91,8 @@ def serve(settings: Settings, config: FileConfig) -> None:
     # sse-starlette would end every SSE stream, calls in flight included, the moment SIGTERM lands;
     # the drain above ends them itself once the calls are done.
     AppStatus.disable_automatic_graceful_drain()  # type: ignore[no-untyped-call]
+    if settings.metrics_port:
+        start_http_server(settings.metrics_port, addr=settings.host, registry=app.state.registry.metrics.registry)
     GatewayServer(server_config, app.state.frontend, settings.drain_timeout).run()
 
 
@@ -95,20 +110,33 @@ def build_app(settings: Settings, config: FileConfig, environ: Mapping[str, str]
         return JSONResponse({"status": "ok"})
 
     async def readyz(_: Request) -> JSONResponse:
-        return JSONResponse({"status": "ready", "servers": server_status(registry)})
+        ready, body = readiness(registry, app.state.started)
+        return JSONResponse(body, status_code=200 if ready else 503)
+
+    async def metrics(_: Request) -> Response:
+        registry.metrics.downstream_sessions.set(frontend.legacy_session_count())
+        body, content_type = registry.metrics.render()
+        return Response(body, media_type=content_type)
 
     @asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
         async with frontend.server.session_manager.run(), registry.running():
+            app.state.started = True
             try:
                 yield
             finally:
                 frontend.listen_handler.close()
 
     app = Starlette(
-        routes=[Route("/healthz", healthz), Route("/readyz", readyz), Mount("/", app=mcp_app)],
+        routes=[
+            Route("/healthz", healthz),
+            Route("/readyz", readyz),
+            Route("/metrics", metrics),
+            Mount("/", app=mcp_app),
+        ],
         lifespan=lifespan,
     )
+    app.state.started = False
     app.state.registry = registry
     app.state.frontend = frontend
     return app

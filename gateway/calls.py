@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -103,6 +104,7 @@ async def call_with_retries(
             if not may_retry or attempt >= policy.attempts:
                 raise
             log.info("retrying call", server=entry.server, tool=entry.public, attempt=attempt, reason=str(failure))
+            upstream.retried()
             await anyio.sleep(delay * random.uniform(0.8, 1.2))
             delay = min(delay * 2, policy.max_delay)
             attempt += 1
@@ -110,20 +112,39 @@ async def call_with_retries(
 
 
 async def call_tool(registry: Registry, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> Json:
-    """Serve one downstream `tools/call`."""
+    """Serve one downstream `tools/call`; count it, time it and log one line for it."""
     entry = registry.catalog.resolve(params.name)
     if entry is None:
+        log.info("tool call", request_id=ctx.request_id, tool=params.name[:128], outcome="unknown_tool")
         raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {params.name}")
     upstream = registry.upstreams[entry.server]
     modern = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
     wants_progress = bool(ctx.meta and ctx.meta.get("progress_token") is not None)
     relay = ProgressRelay(ctx) if wants_progress else None
+    started = time.perf_counter()
+    outcome = "cancelled"
     try:
         raw = await call_with_retries(upstream, entry, params.arguments, forwardable_meta(ctx.meta), relay)
+        outcome = "tool_error" if raw.get("isError") else "ok"
     except CallFailed as failure:
+        outcome = failure.outcome
         return error_result(entry, str(failure), modern)
     except MCPError as e:
+        outcome = "tool_error"
         raise MCPError(e.code, describe(e), e.error.data) from None
+    finally:
+        elapsed = time.perf_counter() - started
+        metrics = registry.metrics
+        metrics.tool_calls.labels(entry.server, entry.public, outcome).inc()
+        metrics.call_duration.labels(entry.server).observe(elapsed)
+        log.info(
+            "tool call",
+            request_id=ctx.request_id,
+            server=entry.server,
+            tool=entry.public,
+            duration_ms=round(elapsed * 1000, 2),
+            outcome=outcome,
+        )
     if relay is not None:
         await relay.drain()
     return label_result(raw, entry, modern)

@@ -118,6 +118,7 @@ class Frontend:
         return cached
 
     async def _track_sessions(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+        self.registry.metrics.count_request(ctx.method)
         if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS and ctx.request is not None:
             session_id = ctx.request.headers.get(SESSION_HEADER)
             if session_id and session_id not in self._legacy_sessions:

@@ -7,9 +7,10 @@ from contextlib import asynccontextmanager
 
 import anyio
 
-from gateway.catalog import Catalog, ToolSet
+from gateway.catalog import Catalog, Collision, Json, ToolSet
 from gateway.config import ServerSpec
 from gateway.logs import get_logger
+from gateway.metrics import Metrics
 from gateway.upstream import State, Upstream
 
 log = get_logger("registry")
@@ -19,12 +20,21 @@ Listener = Callable[[], Awaitable[None]]
 class Registry:
     """Every configured upstream, the merged catalog, and who to tell when the catalog changes."""
 
-    def __init__(self, specs: Iterable[ServerSpec], environ: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        specs: Iterable[ServerSpec],
+        environ: Mapping[str, str] | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
         self.catalog = Catalog()
-        self.upstreams: dict[str, Upstream] = {
-            spec.name: Upstream(spec, self._upstream_changed, environ) for spec in specs
-        }
+        self.metrics = metrics or Metrics()
+        self.upstreams: dict[str, Upstream] = {}
+        self._published: dict[str, tuple[Json, ...]] = {}
+        self._collisions: list[Collision] = []
         self._listeners: list[Listener] = []
+        for spec in specs:
+            self.metrics.add_server(spec.name)
+            self.upstreams[spec.name] = Upstream(spec, self._upstream_changed, environ, self.metrics)
 
     def on_catalog_change(self, listener: Listener) -> None:
         """Call `listener` after each change of the merged listing."""
@@ -48,19 +58,27 @@ class Registry:
                 await upstream.settled.wait()
 
     async def _upstream_changed(self, upstream: Upstream) -> None:
-        if upstream.state is State.UP:
+        up = upstream.state is State.UP
+        tools = upstream.tools if up else ()
+        if up:
             spec = upstream.spec
-            changed = self.catalog.update(
-                ToolSet(spec.name, spec.effective_prefix, spec.trusted, spec.gated, upstream.tools)
-            )
+            changed = self.catalog.update(ToolSet(spec.name, spec.effective_prefix, spec.trusted, spec.gated, tools))
         else:
             changed = self.catalog.remove(upstream.name)
+        self.metrics.upstream_up.labels(upstream.name).set(1 if up else 0)
+        self.metrics.upstream_tools.labels(upstream.name).set(len(tools))
+        self.metrics.catalog_tools.set(len(self.catalog.entries))
+        if self._published.get(upstream.name, ()) != tools:
+            self._published[upstream.name] = tools
+            self.metrics.tools_changes.labels(upstream.name).inc()
         for collision in self.catalog.collisions:
-            log.warning(
-                "tool names collide; each keeps a hash suffix",
-                name=collision.name,
-                origins=[f"{s}/{t}" for s, t in collision.origins],
-            )
+            if collision not in self._collisions:
+                log.warning(
+                    "tool names collide; each keeps a hash suffix",
+                    name=collision.name,
+                    origins=[f"{s}/{t}" for s, t in collision.origins],
+                )
+        self._collisions = list(self.catalog.collisions)
         if changed:
             log.info("catalog changed", version=self.catalog.version, tools=len(self.catalog.entries))
             for listener in self._listeners:

@@ -36,6 +36,7 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: LogFormat = "auto"
     drain_timeout: float = Field(10.0, ge=0)
+    metrics_port: int | None = Field(None, ge=1, le=65535)
 
     @field_validator("allowed_hosts", "allowed_origins", mode="before")
     @classmethod

@@ -35,6 +35,7 @@ from gateway import __version__
 from gateway.config import ConfigError, ResolvedServer, ServerSpec, resolve
 from gateway.filters import apply_filters
 from gateway.logs import get_logger, redact_text
+from gateway.metrics import Metrics
 from gateway.stdio import stdio_transport
 
 Json = dict[str, Any]
@@ -170,8 +171,15 @@ ChangeCallback = Callable[["Upstream"], Awaitable[None]]
 class Upstream:
     """One configured server: its state, its filtered tools, and the session that serves its calls."""
 
-    def __init__(self, spec: ServerSpec, on_change: ChangeCallback, environ: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        spec: ServerSpec,
+        on_change: ChangeCallback,
+        environ: Mapping[str, str] | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
         self.spec = spec
+        self._metrics = metrics
         self.name = spec.name
         self._on_change = on_change
         self._environ = os.environ if environ is None else environ
@@ -209,6 +217,8 @@ class Upstream:
                 reason = "connection closed"
             except Exception as e:
                 reason = describe(e)
+                if self.state is not State.UP and self._metrics is not None:
+                    self._metrics.upstream_connects.labels(self.name, "error").inc()
             healthy_for = time.monotonic() - started if self.state is State.UP else 0.0
             self.session = None
             await self._set_state(State.DOWN, reason)
@@ -246,6 +256,8 @@ class Upstream:
         self.session = session
         self.protocol_version = session.protocol_version
         self.tools = tools
+        if self._metrics is not None:
+            self._metrics.upstream_connects.labels(self.name, "ok").inc()
         await self._set_state(State.UP, None)
         self.settled.set()
         async with anyio.create_task_group() as tg:
@@ -354,6 +366,11 @@ class Upstream:
         with anyio.move_on_after(timeout):
             await self._up.wait()
         return self.state is State.UP
+
+    def retried(self) -> None:
+        """Count one retried call attempt."""
+        if self._metrics is not None:
+            self._metrics.call_retries.labels(self.name).inc()
 
     def reconnect(self) -> None:
         """Drop the connection and connect again at once (e.g. after the HTTP session expired)."""
