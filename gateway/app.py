@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import socket
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 
+import anyio
 import uvicorn
 from mcp.server.transport_security import TransportSecuritySettings
 from prometheus_client import start_http_server
@@ -14,14 +17,19 @@ from sse_starlette.sse import AppStatus
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Mount, Route
+from starlette.routing import BaseRoute, Mount, Route
 
-from gateway.config import FileConfig
+from gateway.admin import admin_routes
+from gateway.config import ConfigError, FileConfig, load_config
 from gateway.frontend import Frontend
+from gateway.logs import get_logger
 from gateway.registry import Registry
-from gateway.settings import Settings
+from gateway.runtime import Runtime, RuntimeError_
+from gateway.settings import FILE_KEYS, Settings
+from gateway.store import open_store
 from gateway.upstream import State
 
+log = get_logger("app")
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "[::1]")
 
 
@@ -98,19 +106,34 @@ def serve(settings: Settings, config: FileConfig) -> None:
 
 def build_app(settings: Settings, config: FileConfig, environ: Mapping[str, str] | None = None) -> Starlette:
     """The whole gateway as one ASGI app; upstreams start with its lifespan."""
-    registry = Registry(config.servers, environ)
+    registry = Registry(config.servers, environ, credentials=settings.credentials)
     frontend = Frontend(registry)
+    store = open_store(settings.store.get_secret_value() if settings.store else None)
+    runtime = Runtime(registry, store, settings)
     mcp_app = frontend.server.streamable_http_app(
         streamable_http_path="/mcp",
         transport_security=transport_security(settings),
         host=settings.host,
     )
 
+    async def reload() -> list[str]:
+        try:
+            fresh = load_config(settings.config, FILE_KEYS)
+        except ConfigError as e:
+            log.error("config reload refused; nothing changed", problems=e.problems)
+            raise RuntimeError_(422, e.problems) from None
+        changes = await registry.apply_config(fresh.servers)
+        log.info("config reloaded", changes=changes)
+        return changes
+
     async def healthz(_: Request) -> JSONResponse:
         return JSONResponse({"status": "ok"})
 
     async def readyz(_: Request) -> JSONResponse:
         ready, body = readiness(registry, app.state.started)
+        body["store"] = {"kind": store.kind, "ok": runtime.health.ok, "error": runtime.health.error}
+        if not runtime.health.ok:
+            body["degraded"] = True
         return JSONResponse(body, status_code=200 if ready else 503)
 
     async def metrics(_: Request) -> Response:
@@ -118,25 +141,35 @@ def build_app(settings: Settings, config: FileConfig, environ: Mapping[str, str]
         body, content_type = registry.metrics.render()
         return Response(body, media_type=content_type)
 
+    async def on_sighup() -> None:
+        with anyio.open_signal_receiver(signal.SIGHUP) as signals:
+            async for _ in signals:
+                with contextlib.suppress(RuntimeError_):
+                    await reload()
+
     @asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
-        async with frontend.server.session_manager.run(), registry.running():
+        async with (
+            frontend.server.session_manager.run(),
+            registry.running(),
+            anyio.create_task_group() as tg,
+        ):
+            tg.start_soon(runtime.run)
+            tg.start_soon(on_sighup)
             app.state.started = True
             try:
                 yield
             finally:
                 frontend.listen_handler.close()
+                tg.cancel_scope.cancel()
+                await store.close()
 
-    app = Starlette(
-        routes=[
-            Route("/healthz", healthz),
-            Route("/readyz", readyz),
-            Route("/metrics", metrics),
-            Mount("/", app=mcp_app),
-        ],
-        lifespan=lifespan,
-    )
+    routes: list[BaseRoute] = [Route("/healthz", healthz), Route("/readyz", readyz), Route("/metrics", metrics)]
+    if settings.admin_token is not None:
+        routes += admin_routes(registry, runtime, settings.admin_token.get_secret_value(), reload)
+    app = Starlette(routes=[*routes, Mount("/", app=mcp_app)], lifespan=lifespan)
     app.state.started = False
     app.state.registry = registry
     app.state.frontend = frontend
+    app.state.runtime = runtime
     return app

@@ -32,12 +32,26 @@ def _parser() -> argparse.ArgumentParser:
     with_config(commands.add_parser("check", help="validate the config and report every problem"))
     tools = with_config(commands.add_parser("tools", help="connect to every server and print the merged catalog"))
     tools.add_argument("--json", action="store_true", help="print JSON")
+
+    servers = commands.add_parser("servers", help="manage runtime servers through the admin API")
+    servers.add_argument("--url", default=os.environ.get("MANIFOLD_URL", "http://127.0.0.1:8080"), help="gateway URL")
+    actions = servers.add_subparsers(dest="action", required=True)
+    actions.add_parser("list", help="every server with its state")
+    add = actions.add_parser("add", help="add a runtime server")
+    add.add_argument("name")
+    add.add_argument("--server-url", help="the server's MCP URL")
+    add.add_argument("--credential", help="name of a credential in the gateway's config")
+    add.add_argument("--options", default="{}", help="further options as a JSON object")
+    remove = actions.add_parser("remove", help="remove a runtime server")
+    remove.add_argument("name")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `manifold` command."""
     args = _parser().parse_args(argv)
+    if args.command == "servers":
+        return _servers(args)
     cli = {k: v for k, v in vars(args).items() if k not in ("command", "json")}
     try:
         settings, config = load(cli)
@@ -67,6 +81,11 @@ def _check(settings: Settings, config: FileConfig) -> int:
         for spec in config.servers
         if not spec.disabled
         for problem in missing_variables(spec, os.environ)
+    ]
+    problems += [
+        f"servers.{spec.name}.credential: no credential named {spec.credential!r} under `credentials`"
+        for spec in config.servers
+        if spec.credential is not None and spec.credential not in settings.credentials
     ]
     for problem in problems:
         print(f"error: {problem}", file=sys.stderr)
@@ -108,3 +127,50 @@ async def _tools(settings: Settings, config: FileConfig, as_json: bool) -> int:
         for row in table:
             print("  ".join([*(c.ljust(w) for c, w in zip(row[:3], widths, strict=True)), row[3]]))
     return 1 if down and not rows else 0
+
+
+def _servers(args: argparse.Namespace) -> int:
+    import httpx2
+
+    token = os.environ.get("MANIFOLD_ADMIN_TOKEN")
+    if not token:
+        print("error: set MANIFOLD_ADMIN_TOKEN to the gateway's admin token", file=sys.stderr)
+        return 2
+    headers = {"Authorization": f"Bearer {token}"}
+    base = args.url.rstrip("/")
+    try:
+        if args.action == "list":
+            response = httpx2.get(f"{base}/admin/servers", headers=headers)
+        elif args.action == "add":
+            try:
+                options = json.loads(args.options)
+            except json.JSONDecodeError as e:
+                print(f"error: --options is not valid JSON: {e}", file=sys.stderr)
+                return 2
+            if not isinstance(options, dict):
+                print("error: --options must be a JSON object", file=sys.stderr)
+                return 2
+            if args.server_url:
+                options["url"] = args.server_url
+            if args.credential:
+                options["credential"] = args.credential
+            response = httpx2.post(f"{base}/admin/servers", headers=headers, json={"name": args.name, **options})
+        else:
+            response = httpx2.delete(f"{base}/admin/servers/{args.name}", headers=headers)
+    except httpx2.TransportError as e:
+        print(f"error: cannot reach {base}: {e}", file=sys.stderr)
+        return 1
+    body = response.json() if response.headers.get("content-type", "").startswith("application/json") else {}
+    if response.status_code >= 400:
+        for line in body.get("errors") or [body.get("error", f"HTTP {response.status_code}")]:
+            print(f"error: {line}", file=sys.stderr)
+        return 1
+    if args.action == "list":
+        for server in body["servers"]:
+            print(
+                f"{server['name']:<24} {server['source']:<8} {server['transport']:<6} {server['state']:<10} "
+                f"{server['tools']:>4} tools  {server['error'] or ''}".rstrip()
+            )
+    else:
+        print(json.dumps(body, indent=2))
+    return 0

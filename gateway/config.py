@@ -86,6 +86,7 @@ class ServerSpec(BaseModel):
     retry: RetrySpec = RetrySpec.model_validate({})
     refresh_interval: Seconds | None = None
     required: bool = False
+    credential: str | None = None
     disabled: bool = False
 
     @model_validator(mode="after")
@@ -128,17 +129,36 @@ class ResolvedServer:
     headers: dict[str, str]
 
 
-def resolve(spec: ServerSpec, environ: Mapping[str, str]) -> ResolvedServer:
-    """Fill `${VAR}` in url, headers, env and args; `ConfigError` names each unset variable and its place."""
-    if problems := missing_variables(spec, environ):
+def resolve(
+    spec: ServerSpec, environ: Mapping[str, str], credentials: Mapping[str, Any] | None = None
+) -> ResolvedServer:
+    """Fill `${VAR}` in url, headers, env and args, adding the named credential's headers and env.
+
+    `ConfigError` names each unset variable (or unknown credential) and its place, never a value.
+    """
+    problems = missing_variables(spec, environ)
+    extra_headers: dict[str, str] = {}
+    extra_env: dict[str, str] = {}
+    if spec.credential is not None:
+        credential = (credentials or {}).get(spec.credential)
+        if credential is None:
+            problems.append(f"credential: no credential named {spec.credential!r} in the gateway's config")
+        else:
+            for kind, target in (("headers", extra_headers), ("env", extra_env)):
+                for key, text in getattr(credential, kind).items():
+                    try:
+                        target[key] = interpolate(text, environ)
+                    except MissingVariable as e:
+                        problems.append(f"credentials.{spec.credential}.{kind}.{key}: {e}")
+    if problems:
         raise ConfigError(problems)
     return ResolvedServer(
         command=spec.command,
         args=[interpolate(a, environ) for a in spec.args],
-        env={k: interpolate(v, environ) for k, v in spec.env.items()},
+        env={**extra_env, **{k: interpolate(v, environ) for k, v in spec.env.items()}},
         cwd=spec.cwd,
         url=interpolate(spec.url, environ) if spec.url is not None else None,
-        headers={k: interpolate(v, environ) for k, v in spec.headers.items()},
+        headers={**extra_headers, **{k: interpolate(v, environ) for k, v in spec.headers.items()}},
     )
 
 
@@ -213,7 +233,7 @@ def parse_config(
                 problems.append(f"{place}: server {name!r} is also defined in {seen[str(name)]}")
                 continue
             seen[str(name)] = section
-            spec = _parse_server(str(name), raw, place, problems)
+            spec = parse_server(str(name), raw, place, problems)
             if spec is not None:
                 config.servers.append(spec)
     problems += _prefix_clashes(config.servers, seen)
@@ -227,7 +247,7 @@ def _known_keys(settings_keys: frozenset[str]) -> list[str]:
     return [*_SERVER_SECTIONS, *sorted(settings_keys)]
 
 
-def _parse_server(name: str, raw: Any, place: str, problems: list[str]) -> ServerSpec | None:
+def parse_server(name: str, raw: Any, place: str, problems: list[str]) -> ServerSpec | None:
     """Validate one server entry; append every problem found (with its place) and return None if any."""
     before = len(problems)
     if not NAME_PATTERN.fullmatch(name):

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
     InitSettingsSource,
@@ -17,10 +17,37 @@ from pydantic_settings import (
 )
 
 from gateway.config import ConfigError, FileConfig, load_config
+from gateway.interpolate import MissingVariable, interpolate
 
 DEFAULT_CONFIG = Path("config/manifold.yaml")
 LogFormat = Literal["auto", "json", "console"]
 CommaList = Annotated[list[str], NoDecode]
+
+
+class Credential(BaseModel):
+    """Secrets a server can refer to by name (`credential: NAME`); `${VAR}` is filled at connect time."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    headers: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class EgressSettings(BaseModel):
+    """Where runtime-added servers may connect."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool | None = None
+    allow: list[str] = Field(default_factory=list)
+
+
+class RuntimeSettings(BaseModel):
+    """Rules for servers added through the admin API."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    egress: EgressSettings = Field(default_factory=EgressSettings)
 
 
 class Settings(BaseSettings):
@@ -37,6 +64,17 @@ class Settings(BaseSettings):
     log_format: LogFormat = "auto"
     drain_timeout: float = Field(10.0, ge=0)
     metrics_port: int | None = Field(None, ge=1, le=65535)
+    admin_token: SecretStr | None = None
+    store: SecretStr | None = None
+    reconcile_interval: float = Field(60.0, gt=0)
+    runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
+    credentials: dict[str, Credential] = Field(default_factory=dict)
+
+    @property
+    def egress_enabled(self) -> bool:
+        """Egress checks apply by default whenever the admin API is on."""
+        enabled = self.runtime.egress.enabled
+        return (self.admin_token is not None) if enabled is None else enabled
 
     @field_validator("allowed_hosts", "allowed_origins", mode="before")
     @classmethod
@@ -62,7 +100,22 @@ def load(cli: Mapping[str, Any]) -> tuple[Settings, FileConfig]:
     file = load_config(path, FILE_KEYS)
     overrides = {k: v for k, v in cli.items() if v is not None}
     overrides["config"] = path
-    return build_settings(overrides, file.settings), file
+    return build_settings(overrides, _fill(file.settings)), file
+
+
+def _fill(values: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
+    """`${VAR}` in the file's `admin_token` and `store` (credentials are filled when used)."""
+    filled = dict(values)
+    problems = []
+    for key in ("admin_token", "store"):
+        if isinstance(filled.get(key), str):
+            try:
+                filled[key] = interpolate(filled[key], environ)
+            except MissingVariable as e:
+                problems.append(f"{key}: {e}")
+    if problems:
+        raise ConfigError(problems)
+    return filled
 
 
 def build_settings(cli: Mapping[str, Any], file_values: Mapping[str, Any]) -> Settings:

@@ -33,6 +33,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from gateway import __version__
 from gateway.config import ConfigError, ResolvedServer, ServerSpec, resolve
+from gateway.egress import Checked, EgressDenied, EgressPolicy, check_url, pinned_transport
 from gateway.filters import apply_filters
 from gateway.logs import get_logger, redact_text
 from gateway.metrics import Metrics
@@ -158,6 +159,8 @@ def describe(exc: BaseException) -> str:
         text = f"HTTP {exc.response.status_code}"
     elif isinstance(exc, FileNotFoundError):
         text = f"command not found: {exc.filename}" if exc.filename else "command not found"
+    elif isinstance(exc, EgressDenied):
+        text = f"egress check failed: {exc}"
     elif isinstance(exc, TimeoutError):
         text = "timed out"
     else:
@@ -177,9 +180,18 @@ class Upstream:
         on_change: ChangeCallback,
         environ: Mapping[str, str] | None = None,
         metrics: Metrics | None = None,
+        *,
+        credentials: Mapping[str, Any] | None = None,
+        egress: EgressPolicy | None = None,
+        source: str = "config",
     ) -> None:
         self.spec = spec
+        self.source = source
         self._metrics = metrics
+        self._credentials = credentials or {}
+        self._egress = egress
+        self.scope: anyio.CancelScope | None = None
+        self.stopped = anyio.Event()
         self.name = spec.name
         self._on_change = on_change
         self._environ = os.environ if environ is None else environ
@@ -205,7 +217,7 @@ class Upstream:
             self.settled.set()
             return
         try:
-            resolved = resolve(self.spec, self._environ)
+            resolved = resolve(self.spec, self._environ, self._credentials)
         except ConfigError as e:
             await self._set_state(State.DOWN, "; ".join(e.problems))
             self.settled.set()
@@ -235,7 +247,7 @@ class Upstream:
         # it is lifted once the first listing is in.
         with anyio.CancelScope(deadline=anyio.current_time() + self.spec.startup_timeout) as startup:
             async with AsyncExitStack() as stack:
-                read, write = await stack.enter_async_context(self._transport(resolved))
+                read, write = await stack.enter_async_context(await self._transport(resolved))
                 session = await stack.enter_async_context(
                     ClientSession(
                         _WatchedReadStream(read, self._closed),  # type: ignore[arg-type]
@@ -269,21 +281,28 @@ class Upstream:
             await self._closed.wait()
             tg.cancel_scope.cancel()
 
-    def _transport(self, r: ResolvedServer) -> AbstractAsyncContextManager[Any]:
+    async def _transport(self, r: ResolvedServer) -> AbstractAsyncContextManager[Any]:
         kind = self.spec.kind
         if kind == "stdio":
             assert r.command is not None
+            if self._egress is not None:
+                raise EgressDenied("runtime servers must use HTTP(S) while egress checks are on")
             return stdio_transport(self.name, r.command, r.args, r.env, r.cwd)
         assert r.url is not None
+        # Each connection re-checks a runtime server's URL: DNS answers can change.
+        checked = await check_url(r.url, self._egress) if self._egress is not None else None
         if kind == "sse":
             return sse_client(r.url, headers=r.headers, timeout=30, sse_read_timeout=max(300, self.spec.timeout))
-        return self._streamable_http(r.url, r.headers)
+        return self._streamable_http(r.url, r.headers, checked)
 
     @asynccontextmanager
-    async def _streamable_http(self, url: str, headers: dict[str, str]) -> AsyncIterator[Any]:
+    async def _streamable_http(self, url: str, headers: dict[str, str], checked: Checked | None) -> AsyncIterator[Any]:
         timeout = httpx2.Timeout(30, read=max(300.0, self.spec.timeout + 5))
+        transport = pinned_transport(checked) if checked is not None else None
         async with (
-            httpx2.AsyncClient(headers=headers, timeout=timeout, follow_redirects=True) as http,
+            httpx2.AsyncClient(
+                headers=headers, timeout=timeout, follow_redirects=checked is None, transport=transport
+            ) as http,
             streamable_http_client(url, http_client=http) as streams,
         ):
             yield streams

@@ -1,0 +1,146 @@
+"""A lean fixture upstream for the benchmark: `echo` plus N dummy tools, over stdio or streamable HTTP.
+
+Run: ``python bench/fixture.py --transport stdio|http [--port P] [--tools N] [--sleep-ms MS]
+[--result-bytes B] [--name NAME]``.
+
+Written on the SDK's low-level `Server` with as little per-call work as the SDK allows: the tool list and
+schemas are built once, `get_tool_input_schema` is set (so 2026-era calls never re-list), the OpenTelemetry
+middleware is dropped, HTTP answers are plain JSON bodies (`json_response=True`), the Host/Origin check is
+off (loopback only) and uvicorn runs without access logs, on uvloop and httptools when they are installed.
+
+- ``--tools N``: N dummy tools besides ``echo`` (``tool_0001`` ...), so the listing has N + 1 tools.
+- ``--sleep-ms MS``: ``echo`` sleeps that long before answering.
+- ``--result-bytes B``: ``echo`` answers with a text of B bytes instead of its argument.
+
+This file is run as a script by the benchmark and by the gateway (as a stdio upstream); it imports nothing
+from the project.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+from collections.abc import Mapping
+from typing import Any
+
+import anyio
+import mcp.types as types
+from mcp import MCPError
+from mcp.server import Server, ServerRequestContext
+from mcp.types.version import MODERN_PROTOCOL_VERSIONS
+
+ECHO_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"text": {"type": "string", "description": "The text to return."}},
+    "required": ["text"],
+}
+DUMMY_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"value": {"type": "string", "description": "Ignored."}},
+}
+READ_ONLY = types.ToolAnnotations(read_only_hint=True, idempotent_hint=True)
+
+
+def dummy_name(i: int) -> str:
+    """The name of the i-th dummy tool (1-based)."""
+    return f"tool_{i:04d}"
+
+
+def build_server(name: str, n_tools: int, sleep_ms: float, result_bytes: int) -> Server[Any]:
+    """The fixture server: one fixed listing, an `echo` handler, no per-call model building beyond the SDK's."""
+    tools = [types.Tool(name="echo", description="Return the text.", input_schema=ECHO_SCHEMA, annotations=READ_ONLY)]
+    tools += [
+        types.Tool(name=dummy_name(i), description=f"Dummy tool number {i}.", input_schema=DUMMY_SCHEMA)
+        for i in range(1, n_tools + 1)
+    ]
+    schemas: dict[str, Mapping[str, Any]] = {t.name: t.input_schema for t in tools}
+    listing = types.ListToolsResult(tools=tools)
+    big_text = "x" * result_bytes if result_bytes else None
+    delay = sleep_ms / 1000.0
+
+    async def list_tools(ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None) -> Any:
+        return listing
+
+    async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> Any:
+        tool = params.name
+        if tool == "echo":
+            if delay:
+                await anyio.sleep(delay)
+            text = big_text if big_text is not None else str((params.arguments or {}).get("text", ""))
+        elif tool in schemas:
+            text = tool
+        else:
+            raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {tool}")
+        # A plain dict skips one model round trip in the runner; 2026-era results must carry resultType.
+        result: dict[str, Any] = {"content": [{"type": "text", "text": text}], "isError": False}
+        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            result["resultType"] = "complete"
+        return result
+
+    server: Server[Any] = Server(
+        name,
+        version="0.1.0",
+        on_list_tools=list_tools,
+        on_call_tool=call_tool,
+        get_tool_input_schema=schemas.get,
+    )
+    server.middleware = []  # the default OpenTelemetry middleware costs CPU on every request
+    return server
+
+
+def serve_http(server: Server[Any], host: str, port: int) -> None:
+    """Serve streamable HTTP at /mcp with uvicorn, as fast as its options allow."""
+    import uvicorn
+    from mcp.server.transport_security import TransportSecuritySettings
+
+    app = server.streamable_http_app(
+        streamable_http_path="/mcp",
+        json_response=True,
+        transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+        host=host,
+        session_idle_timeout=None,
+        max_sessions=None,
+    )
+    loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+    http = "httptools" if importlib.util.find_spec("httptools") else "h11"
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        loop=loop,
+        http=http,
+        lifespan="on",
+        backlog=4096,
+    )
+
+
+async def serve_stdio(server: Server[Any]) -> None:
+    """Serve one connection on stdin/stdout."""
+    from mcp.server.stdio import stdio_server
+
+    async with stdio_server() as (read_stream, write_stream):
+        await server.run(read_stream, write_stream, server.create_initialization_options())
+
+
+def main() -> None:
+    """Parse the command line and serve."""
+    p = argparse.ArgumentParser(description="Benchmark fixture upstream.")
+    p.add_argument("--transport", choices=["stdio", "http"], default="stdio")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--name", default="bench")
+    p.add_argument("--tools", type=int, default=10, help="dummy tools besides echo")
+    p.add_argument("--sleep-ms", type=float, default=0.0, help="echo sleeps this long")
+    p.add_argument("--result-bytes", type=int, default=0, help="echo returns a text this long")
+    args = p.parse_args()
+    server = build_server(args.name, args.tools, args.sleep_ms, args.result_bytes)
+    if args.transport == "http":
+        serve_http(server, args.host, args.port)
+    else:
+        anyio.run(serve_stdio, server)
+
+
+if __name__ == "__main__":
+    main()

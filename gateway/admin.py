@@ -1,0 +1,120 @@
+"""The admin HTTP API under `/admin`: bearer auth, JSON in and out, errors as JSON with a message."""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from gateway.registry import Registry
+from gateway.runtime import Runtime, RuntimeError_
+from gateway.upstream import State, Upstream
+
+Handler = Callable[[Request], Awaitable[Response]]
+MAX_BODY = 64 * 1024
+
+
+def error(status: int, message: str, errors: list[str] | None = None) -> JSONResponse:
+    """A JSON error body: `{"error": message, "errors": [...]}`."""
+    body: dict[str, Any] = {"error": message}
+    if errors:
+        body["errors"] = errors
+    headers = {"WWW-Authenticate": 'Bearer realm="manifold-admin"'} if status == 401 else None
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def describe_server(upstream: Upstream, registry: Registry, *, with_tools: bool = False) -> dict[str, Any]:
+    """A server as the admin API shows it: never its headers, env or credential values."""
+    spec = upstream.spec
+    body: dict[str, Any] = {
+        "name": upstream.name,
+        "source": upstream.source,
+        "transport": spec.kind,
+        "state": upstream.state.value,
+        "tools": len(upstream.tools) if upstream.state is State.UP else 0,
+        "error": upstream.error,
+        "since": datetime.fromtimestamp(upstream.since, UTC).isoformat(timespec="seconds"),
+    }
+    if spec.url is not None and upstream.source == "runtime":
+        body["url"] = spec.url
+    if spec.credential is not None:
+        body["credential"] = spec.credential
+    if with_tools:
+        body["tool_list"] = [
+            {"name": e.public, "tool": e.original, "labels": e.labels.names()}
+            for e in registry.catalog.tools_of(spec.name)
+        ]
+    return body
+
+
+def admin_routes(
+    registry: Registry, runtime: Runtime, token: str, reload: Callable[[], Awaitable[list[str]]]
+) -> list[Route]:
+    """The routes of the admin API, each behind the admin token."""
+    expected = f"Bearer {token}".encode()
+
+    def guarded(handler: Handler) -> Handler:
+        async def check(request: Request) -> Response:
+            given = request.headers.get("authorization", "").encode()
+            if not hmac.compare_digest(given, expected):
+                return error(401, "missing or wrong admin token")
+            return await handler(request)
+
+        return check
+
+    async def list_servers(_: Request) -> Response:
+        servers = sorted(registry.upstreams.values(), key=lambda u: u.name)
+        return JSONResponse({"servers": [describe_server(u, registry) for u in servers]})
+
+    async def get_server(request: Request) -> Response:
+        upstream = registry.upstreams.get(request.path_params["name"])
+        if upstream is None:
+            return error(404, f"no server named {request.path_params['name']!r}")
+        return JSONResponse(describe_server(upstream, registry, with_tools=True))
+
+    async def add_server(request: Request) -> Response:
+        raw = await request.body()
+        if len(raw) > MAX_BODY:
+            return error(413, f"the body is over {MAX_BODY} bytes")
+        try:
+            body = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            return error(400, f"the body is not valid JSON: {e}")
+        try:
+            spec = await runtime.add(body)
+        except RuntimeError_ as e:
+            return error(e.status, e.errors[0] if len(e.errors) == 1 else "the server was not added", e.errors)
+        return JSONResponse(describe_server(registry.upstreams[spec.name], registry), status_code=201)
+
+    async def remove_server(request: Request) -> Response:
+        try:
+            await runtime.remove(request.path_params["name"])
+        except RuntimeError_ as e:
+            return error(e.status, e.errors[0])
+        return JSONResponse({"removed": request.path_params["name"]})
+
+    async def reconcile(_: Request) -> Response:
+        await runtime.reconcile()
+        return JSONResponse({"servers": sorted(registry.upstreams), "store": runtime.health.ok})
+
+    async def reload_config(_: Request) -> Response:
+        try:
+            changes = await reload()
+        except RuntimeError_ as e:
+            return error(e.status, "the config file was not applied", e.errors)
+        return JSONResponse({"changes": changes})
+
+    return [
+        Route("/admin/servers", guarded(list_servers), methods=["GET"]),
+        Route("/admin/servers", guarded(add_server), methods=["POST"]),
+        Route("/admin/servers/{name}", guarded(get_server), methods=["GET"]),
+        Route("/admin/servers/{name}", guarded(remove_server), methods=["DELETE"]),
+        Route("/admin/reconcile", guarded(reconcile), methods=["POST"]),
+        Route("/admin/reload", guarded(reload_config), methods=["POST"]),
+    ]

@@ -1,0 +1,195 @@
+"""Runtime servers: added and removed through the admin API, kept in a store, reconciled across replicas."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+from gateway.config import ServerSpec, parse_server
+from gateway.egress import EgressDenied, EgressPolicy, check_url
+from gateway.logs import get_logger
+from gateway.registry import Registry
+from gateway.settings import Settings
+from gateway.store import Options, Store, StoreError
+
+log = get_logger("runtime")
+SECRET_KEYS = ("headers", "env")
+
+
+class RuntimeError_(Exception):
+    """An admin request that cannot be carried out: an HTTP status and every reason."""
+
+    def __init__(self, status: int, errors: list[str]) -> None:
+        super().__init__("; ".join(errors))
+        self.status, self.errors = status, errors
+
+
+@dataclass
+class StoreHealth:
+    """Whether the store answered last time, and if not, why and since when."""
+
+    ok: bool = True
+    error: str | None = None
+    since: float = 0.0
+
+
+def _has_placeholder(value: Any) -> bool:
+    if isinstance(value, str):
+        return "${" in value
+    if isinstance(value, dict):
+        return any(_has_placeholder(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_placeholder(v) for v in value)
+    return False
+
+
+class Runtime:
+    """Validates runtime servers, writes them to the store, and keeps this replica's registry in step."""
+
+    def __init__(self, registry: Registry, store: Store, settings: Settings) -> None:
+        self.registry, self.store, self.settings = registry, store, settings
+        self.egress = EgressPolicy.from_allow(settings.runtime.egress.allow) if settings.egress_enabled else None
+        self.health = StoreHealth()
+        self._lock = anyio.Lock()
+        self._applied: dict[str, Options] = {}
+        self._wake = anyio.Event()
+
+    async def validate(self, body: Any) -> tuple[ServerSpec, Options]:
+        """The spec and storable options of an add request, or `RuntimeError_(422, every problem)`."""
+        if not isinstance(body, dict):
+            raise RuntimeError_(422, ["the body must be a JSON object with a `name` and server options"])
+        name = body.get("name")
+        if not isinstance(name, str):
+            raise RuntimeError_(422, ["name: required, a string"])
+        options = {k: v for k, v in body.items() if k != "name"}
+        problems: list[str] = []
+        for key in SECRET_KEYS:
+            if key in options:
+                problems.append(
+                    f"{key}: runtime servers carry no secrets; define them under `credentials` in the gateway's "
+                    "config and refer to them with `credential: <name>`"
+                )
+        if _has_placeholder(options):
+            problems.append("options are taken as data: `${...}` is not filled in for runtime servers")
+        credential = options.get("credential")
+        if credential is not None and credential not in self.settings.credentials:
+            problems.append(f"credential: no credential named {credential!r} in the gateway's config")
+        spec = parse_server(name, options, "server", problems)
+        if spec is not None and self.egress is not None:
+            if spec.command is not None:
+                problems.append("command: runtime servers must use HTTP(S) while egress checks are on")
+            elif spec.url is not None:
+                try:
+                    await check_url(spec.url, self.egress)
+                except EgressDenied as e:
+                    problems.append(f"url: {e}")
+        if problems or spec is None:
+            raise RuntimeError_(422, problems)
+        return spec, options
+
+    async def add(self, body: Any) -> ServerSpec:
+        """Add a server: validate, check the name is free, store it, start it."""
+        spec, options = await self.validate(body)
+        async with self._lock:
+            if spec.name in self.registry.upstreams:
+                raise RuntimeError_(409, [f"a server named {spec.name!r} already exists"])
+            if not await self._store_call(self.store.add(spec.name, options)):
+                raise RuntimeError_(409, [f"a server named {spec.name!r} already exists (in the store)"])
+            self.registry.add(spec, "runtime", self.egress)
+            self._applied[spec.name] = options
+        log.info("runtime server added", server=spec.name)
+        return spec
+
+    async def remove(self, name: str) -> None:
+        """Remove a runtime server and close every connection to it."""
+        async with self._lock:
+            upstream = self.registry.upstreams.get(name)
+            if upstream is None:
+                raise RuntimeError_(404, [f"no server named {name!r}"])
+            if upstream.source != "runtime":
+                raise RuntimeError_(409, [f"server {name!r} comes from the config file; change it there"])
+            await self._store_call(self.store.remove(name))
+            await self.registry.remove(name)
+            self._applied.pop(name, None)
+        log.info("runtime server removed", server=name)
+
+    async def _store_call(self, call: Any) -> Any:
+        try:
+            result = await call
+        except StoreError as e:
+            self._degraded(str(e))
+            raise RuntimeError_(503, [f"the store is unavailable: {e}"]) from None
+        self._healthy()
+        return result
+
+    def _degraded(self, error: str) -> None:
+        if self.health.ok:
+            log.warning("store unavailable; serving what is known", reason=error)
+            self.health = StoreHealth(ok=False, error=error, since=time.time())
+            self._wake.set()
+        else:
+            self.health.error = error
+
+    def _healthy(self) -> None:
+        if not self.health.ok:
+            log.info("store available again")
+        self.health = StoreHealth(ok=True, since=time.time())
+
+    async def reconcile(self) -> None:
+        """Make this replica's runtime servers match the store: start, stop or restart what differs."""
+        async with self._lock:
+            try:
+                desired = await self.store.load()
+            except StoreError as e:
+                self._degraded(str(e))
+                return
+            self._healthy()
+            for name in [n for n in self._applied if n not in desired]:
+                if name in self.registry.upstreams:
+                    await self.registry.remove(name)
+                del self._applied[name]
+                log.info("runtime server removed by another replica", server=name)
+            for name, options in desired.items():
+                if self._applied.get(name) == options:
+                    continue
+                existing = self.registry.upstreams.get(name)
+                if existing is not None and existing.source != "runtime":
+                    log.warning("stored server shadowed by the config file", server=name)
+                    continue
+                problems: list[str] = []
+                spec = parse_server(name, options, f"store.{name}", problems)
+                if spec is None:
+                    log.warning("stored server is invalid; skipped", server=name, problems=problems)
+                    continue
+                if existing is not None:
+                    await self.registry.replace(spec, "runtime", self.egress)
+                else:
+                    self.registry.add(spec, "runtime", self.egress)
+                self._applied[name] = options
+                log.info("runtime server applied from the store", server=name)
+
+    async def run(self) -> None:
+        """Load the store, then follow its change announcements and re-read it every `reconcile_interval`."""
+        try:
+            await self.store.start()
+        except StoreError as e:
+            self._degraded(str(e))
+        await self.reconcile()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._follow_changes)
+            while True:
+                # While the store is unreachable, try again every second to catch up as soon as it returns.
+                with anyio.move_on_after(self.settings.reconcile_interval if self.health.ok else 1.0):
+                    await self._wake.wait()
+                self._wake = anyio.Event()
+                await self.reconcile()
+
+    async def _follow_changes(self) -> None:
+        async for reason in self.store.changes():
+            if reason.startswith("error: "):
+                self._degraded(reason.removeprefix("error: "))
+                continue
+            await self.reconcile()

@@ -1,0 +1,40 @@
+"""Runtime servers in this process only (the default)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import anyio
+
+from gateway.store import Options
+
+
+class MemoryStore:
+    """A dict; nothing survives a restart and nothing is shared."""
+
+    kind = "memory"
+
+    def __init__(self) -> None:
+        self._servers: dict[str, Options] = {}
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    async def load(self) -> dict[str, Options]:
+        return dict(self._servers)
+
+    async def add(self, name: str, options: Options) -> bool:
+        if name in self._servers:
+            return False
+        self._servers[name] = dict(options)
+        return True
+
+    async def remove(self, name: str) -> bool:
+        return self._servers.pop(name, None) is not None
+
+    async def changes(self) -> AsyncIterator[str]:
+        await anyio.sleep_forever()
+        yield ""  # pragma: no cover

@@ -1,0 +1,86 @@
+"""Runtime servers in Redis, shared by every replica; changes are announced with pub/sub."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import urlsplit
+
+import anyio
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from gateway.store import Options, StoreError
+
+KEY = "manifold:servers"
+CHANNEL = "manifold:servers:changed"
+
+
+def _where(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.hostname}:{parts.port or 6379}{parts.path}"
+
+
+class RedisStore:
+    """A hash of name -> options JSON; every add and remove is published on a channel."""
+
+    kind = "redis"
+
+    def __init__(self, url: str) -> None:
+        self._where = _where(url)  # never the password
+        self._client: Any = aioredis.Redis.from_url(
+            url, socket_connect_timeout=2, socket_timeout=5, health_check_interval=10, decode_responses=True
+        )
+
+    def _error(self, e: Exception) -> StoreError:
+        return StoreError(f"redis store {self._where}: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+
+    async def start(self) -> None:
+        try:
+            await self._client.ping()
+        except (RedisError, OSError) as e:
+            raise self._error(e) from None
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+    async def load(self) -> dict[str, Options]:
+        try:
+            raw = await self._client.hgetall(KEY)
+        except (RedisError, OSError) as e:
+            raise self._error(e) from None
+        return {name: json.loads(text) for name, text in sorted(raw.items())}
+
+    async def add(self, name: str, options: Options) -> bool:
+        try:
+            added = await self._client.hsetnx(KEY, name, json.dumps(options, sort_keys=True))
+            if added:
+                await self._client.publish(CHANNEL, f"add {name}")
+        except (RedisError, OSError) as e:
+            raise self._error(e) from None
+        return bool(added)
+
+    async def remove(self, name: str) -> bool:
+        try:
+            removed = await self._client.hdel(KEY, name)
+            if removed:
+                await self._client.publish(CHANNEL, f"remove {name}")
+        except (RedisError, OSError) as e:
+            raise self._error(e) from None
+        return bool(removed)
+
+    async def changes(self) -> AsyncIterator[str]:
+        """Yield on every published change, and once after each (re)subscription; retry while Redis is down."""
+        while True:
+            try:
+                pubsub = self._client.pubsub()
+                async with pubsub:
+                    await pubsub.subscribe(CHANNEL)
+                    yield "subscribed"
+                    async for message in pubsub.listen():
+                        if message.get("type") == "message":
+                            yield str(message.get("data"))
+            except (RedisError, OSError) as e:
+                yield f"error: {self._error(e)}"
+                await anyio.sleep(1)

@@ -1,0 +1,72 @@
+"""Runtime servers persisted in SQLite: survive restarts on one node."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import TypeVar
+
+import anyio
+import anyio.to_thread
+
+from gateway.store import Options, StoreError
+
+T = TypeVar("T")
+
+
+class SqliteStore:
+    """One table, `servers(name PRIMARY KEY, options JSON)`; every query in a worker thread."""
+
+    kind = "sqlite"
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+        self._lock = anyio.Lock()
+
+    async def _run(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        def job() -> T:
+            connection = sqlite3.connect(self.path, timeout=10)
+            try:
+                with connection:
+                    return work(connection)
+            finally:
+                connection.close()
+
+        async with self._lock:
+            try:
+                return await anyio.to_thread.run_sync(job)
+            except sqlite3.Error as e:
+                raise StoreError(f"sqlite store {self.path}: {e}") from None
+
+    async def start(self) -> None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise StoreError(f"sqlite store {self.path}: {e.strerror or e}") from None
+        await self._run(
+            lambda c: c.execute("CREATE TABLE IF NOT EXISTS servers (name TEXT PRIMARY KEY, options TEXT NOT NULL)")
+        )
+
+    async def close(self) -> None:
+        return None
+
+    async def load(self) -> dict[str, Options]:
+        rows = await self._run(lambda c: c.execute("SELECT name, options FROM servers ORDER BY name").fetchall())
+        return {name: json.loads(options) for name, options in rows}
+
+    async def add(self, name: str, options: Options) -> bool:
+        text = json.dumps(options, sort_keys=True)
+        count = await self._run(
+            lambda c: c.execute("INSERT OR IGNORE INTO servers (name, options) VALUES (?, ?)", (name, text)).rowcount
+        )
+        return bool(count)
+
+    async def remove(self, name: str) -> bool:
+        count = await self._run(lambda c: c.execute("DELETE FROM servers WHERE name = ?", (name,)).rowcount)
+        return bool(count)
+
+    async def changes(self) -> AsyncIterator[str]:
+        await anyio.sleep_forever()
+        yield ""  # pragma: no cover

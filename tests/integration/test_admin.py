@@ -1,0 +1,312 @@
+"""Runtime servers: the admin API, its CLI, SQLite and Redis stores across restarts and replicas, reload."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+import pytest
+import yaml
+
+from tests.fixtures.servers import free_port, run_http_fixture, stdio_spec
+from tests.integration.conftest import ROOT, Gateway, connect, group_alive, run_gateway, upstream_pids
+
+pytestmark = pytest.mark.anyio
+
+TOKEN = "admin-test-token-1f2e3d"
+SECRET = "cred-5ecret-abcdef-98765"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+REDIS = shutil.which("redis-server")
+
+
+def admin_config(**extra: Any) -> dict[str, Any]:
+    return {
+        "admin_token": "${MANIFOLD_TEST_ADMIN}",
+        "runtime": {"egress": {"allow": ["127.0.0.0/8"]}},
+        "credentials": {"tok": {"headers": {"Authorization": "Bearer ${MANIFOLD_TEST_CRED}"}}},
+        "servers": {"fx": stdio_spec()},
+        **extra,
+    }
+
+
+ENV = {"MANIFOLD_TEST_ADMIN": TOKEN, "MANIFOLD_TEST_CRED": SECRET}
+
+
+def api(gw: Gateway, method: str, path: str, **kwargs: Any) -> httpx2.Response:
+    return httpx2.request(method, f"{gw.base}{path}", headers=kwargs.pop("headers", AUTH), timeout=30, **kwargs)
+
+
+async def wait_until(predicate, timeout: float = 15, what: str = "condition") -> None:
+    with anyio.move_on_after(timeout):
+        while not predicate():
+            await anyio.sleep(0.1)
+        return
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def server_state(gw: Gateway, name: str) -> str | None:
+    response = api(gw, "GET", f"/admin/servers/{name}")
+    return response.json()["state"] if response.status_code == 200 else None
+
+
+async def test_admin_api_add_list_get_remove(tmp_path: Path) -> None:
+    with run_http_fixture(name="web") as web, run_gateway(tmp_path, admin_config(), env=ENV) as gw:
+        added = api(gw, "POST", "/admin/servers", json={"name": "web", "url": web.url, "credential": "tok"})
+        assert added.status_code == 201, added.text
+        assert added.json()["name"] == "web" and added.json()["source"] == "runtime"
+        await wait_until(lambda: server_state(gw, "web") == "up", what="web up")
+
+        listing = api(gw, "GET", "/admin/servers").json()["servers"]
+        assert [s["name"] for s in listing] == ["fx", "web"]
+        assert {s["name"]: s["source"] for s in listing} == {"fx": "config", "web": "runtime"}
+        one = api(gw, "GET", "/admin/servers/web").json()
+        assert one["transport"] == "http" and one["credential"] == "tok"
+        assert {"name": "web__echo", "tool": "echo", "labels": ["read-only", "idempotent", "outside"]} in one[
+            "tool_list"
+        ]
+
+        async with connect(gw.url, "2026-07-28") as client:
+            await client.wait_for(lambda n: "web__whoami" in n)
+            seen = json.loads((await client.call("web__whoami")).content[0].text)
+            assert seen["headers"]["authorization"] == f"Bearer {SECRET}", "the named credential is used"
+
+            removed = api(gw, "DELETE", "/admin/servers/web")
+            assert removed.status_code == 200 and removed.json() == {"removed": "web"}
+            await client.wait_for(lambda n: not [x for x in n if x.startswith("web__")])
+        assert api(gw, "GET", "/admin/servers/web").status_code == 404
+
+        everything = "\n".join(
+            [gw.log(), api(gw, "GET", "/admin/servers").text, httpx2.get(f"{gw.base}/readyz").text, added.text]
+        )
+        assert SECRET not in everything and TOKEN not in everything
+
+
+async def test_admin_api_errors(tmp_path: Path) -> None:
+    with run_http_fixture(name="web") as web, run_gateway(tmp_path, admin_config(), env=ENV) as gw:
+        assert api(gw, "GET", "/admin/servers", headers={}).status_code == 401
+        wrong = api(gw, "GET", "/admin/servers", headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 401 and wrong.headers["www-authenticate"].startswith("Bearer")
+        assert wrong.json()["error"] == "missing or wrong admin token"
+
+        assert api(gw, "POST", "/admin/servers", json={"name": "fx", "url": web.url}).status_code == 409
+        assert api(gw, "DELETE", "/admin/servers/fx").status_code == 409
+        assert api(gw, "DELETE", "/admin/servers/nosuch").status_code == 404
+        assert api(gw, "GET", "/admin/servers/nosuch").status_code == 404
+        bad_json = api(
+            gw, "POST", "/admin/servers", content=b"{not json", headers={**AUTH, "content-type": "application/json"}
+        )
+        assert bad_json.status_code == 400
+
+        invalid = api(
+            gw,
+            "POST",
+            "/admin/servers",
+            json={"name": "bad name", "url": "ftp://x", "timeout": -1, "colour": "blue", "headers": {"A": "b"}},
+        )
+        assert invalid.status_code == 422
+        errors = invalid.json()["errors"]
+        for fragment in ("bad server name", "server.colour: unknown key", "headers: runtime servers carry no secrets"):
+            assert any(fragment in e for e in errors), (fragment, errors)
+
+        placeholder = api(gw, "POST", "/admin/servers", json={"name": "leak", "url": "https://example.com/${HOME}"})
+        assert placeholder.status_code == 422 and "taken as data" in placeholder.text
+        stdio = api(gw, "POST", "/admin/servers", json={"name": "cmd", "command": "sh"})
+        assert stdio.status_code == 422 and "must use HTTP(S)" in stdio.text
+        metadata = api(gw, "POST", "/admin/servers", json={"name": "meta", "url": "http://169.254.169.254/mcp"})
+        assert metadata.status_code == 422 and "link-local" in metadata.text
+        unknown_cred = api(gw, "POST", "/admin/servers", json={"name": "c", "url": web.url, "credential": "nope"})
+        assert unknown_cred.status_code == 422 and "no credential named 'nope'" in unknown_cred.text
+        assert [s["name"] for s in api(gw, "GET", "/admin/servers").json()["servers"]] == ["fx"]
+
+
+def test_admin_api_is_off_without_a_token(tmp_path: Path) -> None:
+    with run_gateway(tmp_path, {"servers": {"fx": stdio_spec()}}) as gw:
+        assert api(gw, "GET", "/admin/servers").status_code == 404
+
+
+async def test_removing_a_stdio_runtime_server_stops_its_process_group(tmp_path: Path) -> None:
+    config = {**admin_config(), "runtime": {"egress": {"enabled": False}}}
+    with run_gateway(tmp_path, config, env=ENV) as gw:
+        added = api(gw, "POST", "/admin/servers", json={"name": "local", **stdio_spec()})
+        assert added.status_code == 201, added.text
+        await wait_until(lambda: server_state(gw, "local") == "up", what="local up")
+        (pid,) = upstream_pids(gw, "local")
+        assert group_alive(pid)
+        assert api(gw, "DELETE", "/admin/servers/local").status_code == 200
+        assert not group_alive(pid), "the process group is gone when the call returns"
+
+
+def manifold(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "MANIFOLD_ADMIN_TOKEN": TOKEN},
+    )
+
+
+async def test_servers_cli(tmp_path: Path) -> None:
+    with run_http_fixture(name="web") as web, run_gateway(tmp_path, admin_config(), env=ENV) as gw:
+        added = manifold(
+            "servers", "--url", gw.base, "add", "web", "--server-url", web.url, "--options", '{"only": ["echo"]}'
+        )
+        assert added.returncode == 0, added.stderr
+        assert json.loads(added.stdout)["name"] == "web"
+        await wait_until(lambda: server_state(gw, "web") == "up", what="web up")
+        listed = manifold("servers", "--url", gw.base, "list")
+        assert listed.returncode == 0
+        rows = [line.split() for line in listed.stdout.splitlines()]
+        assert rows[1][:4] == ["web", "runtime", "http", "up"] and rows[1][4] == "1"
+        again = manifold("servers", "--url", gw.base, "add", "web", "--server-url", web.url)
+        assert again.returncode == 1 and "already exists" in again.stderr
+        assert manifold("servers", "--url", gw.base, "remove", "web").returncode == 0
+        assert "web" not in manifold("servers", "--url", gw.base, "list").stdout
+
+
+async def test_sqlite_store_survives_a_restart(tmp_path: Path) -> None:
+    db = tmp_path / "state" / "servers.db"
+    config = admin_config(store=f"sqlite:///{db}")
+    with run_http_fixture(name="web") as web:
+        with run_gateway(tmp_path, config, env=ENV) as gw:
+            assert api(gw, "POST", "/admin/servers", json={"name": "web", "url": web.url}).status_code == 201
+        with run_gateway(tmp_path, config, env=ENV) as gw:
+            async with connect(gw.url, "2025-11-25") as client:
+                await client.wait_for(lambda n: "web__echo" in n)
+            assert api(gw, "GET", "/admin/servers/web").json()["source"] == "runtime"
+            assert api(gw, "DELETE", "/admin/servers/web").status_code == 200
+        with run_gateway(tmp_path, config, env=ENV) as gw:
+            assert api(gw, "GET", "/admin/servers/web").status_code == 404
+
+
+class RedisServer:
+    def __init__(self, directory: Path) -> None:
+        self.port = free_port()
+        self.directory = directory
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        assert REDIS is not None
+        self.proc = subprocess.Popen(
+            [
+                REDIS,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(self.directory),
+                "--save",
+                "1 1",
+                "--appendonly",
+                "no",
+                "--protected-mode",
+                "no",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while (
+            subprocess.run(["redis-cli", "-p", str(self.port), "ping"], capture_output=True).stdout.strip() != b"PONG"
+        ):
+            assert time.monotonic() < deadline, "redis-server did not start"
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGTERM)  # saves the data set first
+            self.proc.wait(10)
+            self.proc = None
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    if REDIS is None:
+        pytest.skip("redis-server is not installed")
+    server = RedisServer(tmp_path)
+    server.start()
+    yield server
+    server.stop()
+
+
+def names_on(gw: Gateway) -> list[str]:
+    return [s["name"] for s in api(gw, "GET", "/admin/servers").json()["servers"]]
+
+
+async def test_two_replicas_share_runtime_servers_through_redis(tmp_path: Path, redis_server: RedisServer) -> None:
+    config = admin_config(store=f"redis://127.0.0.1:{redis_server.port}/0", reconcile_interval=30)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    with (
+        run_http_fixture(name="web") as web,
+        run_http_fixture(name="api") as web2,
+        run_gateway(tmp_path / "a", config, env=ENV) as a,
+        run_gateway(tmp_path / "b", config, env=ENV) as b,
+    ):
+        started = time.monotonic()
+        assert api(a, "POST", "/admin/servers", json={"name": "web", "url": web.url}).status_code == 201
+        async with connect(b.url, "2026-07-28") as client:
+            await client.wait_for(lambda n: "web__echo" in n, timeout=5)
+            assert time.monotonic() - started < 2.5, "a server added on one replica is up on the other within ~2 s"
+            assert (await client.call("web__echo", {"text": "via b"})).content[0].text == "via b"
+        assert api(a, "POST", "/admin/servers", json={"name": "web", "url": web.url}).status_code == 409
+
+        assert api(b, "DELETE", "/admin/servers/web").status_code == 200
+        await wait_until(lambda: "web" not in names_on(a), 3, "removal to reach replica a")
+
+        api(a, "POST", "/admin/servers", json={"name": "api", "url": web2.url})
+        await wait_until(lambda: server_state(b, "api") == "up", 5, "api on b")
+        redis_server.stop()
+        async with connect(a.url, "2025-11-25") as client:
+            assert (await client.call("api__echo", {"text": "still"})).content[0].text == "still"
+        await wait_until(lambda: httpx2.get(f"{a.base}/readyz").json().get("degraded") is True, 10, "a degraded")
+        down = api(a, "POST", "/admin/servers", json={"name": "later", "url": web.url})
+        assert down.status_code == 503 and "store is unavailable" in down.text
+        assert server_state(b, "api") == "up", "b keeps serving while Redis is down"
+
+        redis_server.start()
+        await wait_until(lambda: httpx2.get(f"{a.base}/readyz").json().get("degraded") is None, 15, "a recovered")
+        assert api(a, "POST", "/admin/servers", json={"name": "later", "url": web.url}).status_code == 201
+        await wait_until(lambda: server_state(b, "later") == "up", 10, "later on b after Redis returned")
+        assert names_on(a) == names_on(b) == ["api", "fx", "later"]
+
+
+async def test_reload_restarts_only_changed_servers(tmp_path: Path) -> None:
+    config = {"servers": {"fx": stdio_spec(), "other": stdio_spec()}}
+    with run_gateway(tmp_path, config) as gw:
+        config_path = tmp_path / "manifold.yaml"
+        async with connect(gw.url, "2026-07-28") as client:
+            await client.wait_for(lambda n: "fx__echo" in n and "other__slow" in n)
+            fx_before, other_before = upstream_pids(gw, "fx"), upstream_pids(gw, "other")
+            result: dict[str, Any] = {}
+
+            async def slow() -> None:
+                result["slow"] = await client.call("other__slow", {"seconds": 2})
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(slow)
+                await anyio.sleep(0.3)
+                changed = {"servers": {"fx": {**stdio_spec(), "deny": ["echo"]}, "other": stdio_spec()}}
+                config_path.write_text(yaml.safe_dump(changed))
+                gw.proc.send_signal(signal.SIGHUP)
+                await client.wait_for(lambda n: "fx__echo" not in n and "fx__add" in n)
+            assert result["slow"].content[0].text == "slept", "an in-flight call on another server is unaffected"
+            assert upstream_pids(gw, "other") == other_before
+            assert len(upstream_pids(gw, "fx")) == len(fx_before) + 1
+
+            config_path.write_text("servers:\n  fx: {comand: oops}\n")
+            gw.proc.send_signal(signal.SIGHUP)
+            await wait_until(lambda: "config reload refused" in gw.log(), 10, "refusal logged")
+            assert "fx__add" in await client.tool_names(), "an invalid file changes nothing"
