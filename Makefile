@@ -4,7 +4,7 @@ PYTHON ?= python3
 BIN := $(CURDIR)/$(VENV)/bin
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup run test lint unit bench clean
+.PHONY: setup system-deps run test lint unit bench clean
 
 $(VENV)/.installed: pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,11 @@ tests/thirdparty/node_modules/.installed: tests/thirdparty/package.json tests/th
 
 setup: $(VENV)/.installed
 
+system-deps:  ## Debian packages the tests use (redis-server for the shared-store tests)
+	@command -v redis-server >/dev/null || { \
+	  apt-get install -y -q redis-server >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server >/dev/null; }; }
+
 run: setup  ## set up and serve config/manifold.yaml on http://127.0.0.1:8080/mcp
 	$(BIN)/manifold serve --config config/manifold.yaml
 
@@ -30,7 +35,7 @@ lint: setup
 unit: setup
 	$(BIN)/pytest tests/unit -q
 
-test: setup tests/thirdparty/node_modules/.installed lint  ## set up and run every check and test
+test: setup system-deps tests/thirdparty/node_modules/.installed lint  ## set up and run every check and test
 	$(BIN)/pytest -q
 
 clean:

@@ -34,7 +34,7 @@ def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 
 def value(samples, name: str, **labels: str) -> float:
-    return samples[(name, tuple(sorted(labels.items())))]
+    return float(samples[(name, tuple(sorted(labels.items())))])
 
 
 async def _until(predicate, timeout: float = 20) -> None:
