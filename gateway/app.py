@@ -20,6 +20,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 
 from gateway.admin import admin_routes
+from gateway.auth import AuthGate, Limits, views_for
 from gateway.config import ConfigError, FileConfig, load_config
 from gateway.frontend import Frontend
 from gateway.logs import get_logger
@@ -90,8 +91,27 @@ class GatewayServer(uvicorn.Server):
         self._captured_signals.clear()  # exit 0 instead of re-raising the signal
 
 
+class Unsafe(Exception):
+    """The settings would expose the gateway without authentication."""
+
+
+def check_exposure(settings: Settings) -> None:
+    """Refuse an unauthenticated gateway on a non-loopback address; warn on loopback."""
+    if settings.auth.tokens:
+        return
+    loopback = settings.host in ("127.0.0.1", "localhost", "::1") or settings.host.startswith("127.")
+    if not loopback and not settings.allow_unauthenticated:
+        raise Unsafe(
+            f"refusing to serve {settings.host}:{settings.port} without authentication: add API tokens under "
+            "`auth.tokens` in the config (see the README's Security section), or pass --allow-unauthenticated "
+            "(MANIFOLD_ALLOW_UNAUTHENTICATED=true) if something in front of the gateway authenticates callers"
+        )
+    log.warning("no API tokens configured: /mcp is open to anyone who can reach it", host=settings.host)
+
+
 def serve(settings: Settings, config: FileConfig) -> None:
     """Run the gateway until SIGTERM or SIGINT, then drain and stop."""
+    check_exposure(settings)
     app = build_app(settings, config)
     server_config = uvicorn.Config(
         app, host=settings.host, port=settings.port, log_config=None, lifespan="on", timeout_graceful_shutdown=2
@@ -107,14 +127,18 @@ def serve(settings: Settings, config: FileConfig) -> None:
 def build_app(settings: Settings, config: FileConfig, environ: Mapping[str, str] | None = None) -> Starlette:
     """The whole gateway as one ASGI app; upstreams start with its lifespan."""
     registry = Registry(config.servers, environ, credentials=settings.credentials)
-    frontend = Frontend(registry)
+    frontend = Frontend(registry, views_for(settings.auth.tokens))
     store = open_store(settings.store.get_secret_value() if settings.store else None)
     runtime = Runtime(registry, store, settings)
     mcp_app = frontend.server.streamable_http_app(
         streamable_http_path="/mcp",
         transport_security=transport_security(settings),
         host=settings.host,
+        max_request_body_size=settings.max_body_bytes,
+        max_sessions=settings.max_sessions,
+        session_idle_timeout=settings.session_idle_timeout,
     )
+    gate = AuthGate(mcp_app, settings.auth.tokens, Limits(settings.max_body_bytes, settings.max_json_depth))
 
     async def reload() -> list[str]:
         try:
@@ -160,14 +184,14 @@ def build_app(settings: Settings, config: FileConfig, environ: Mapping[str, str]
             try:
                 yield
             finally:
-                frontend.listen_handler.close()
+                frontend.close_listen_streams()
                 tg.cancel_scope.cancel()
                 await store.close()
 
     routes: list[BaseRoute] = [Route("/healthz", healthz), Route("/readyz", readyz), Route("/metrics", metrics)]
     if settings.admin_token is not None:
         routes += admin_routes(registry, runtime, settings.admin_token.get_secret_value(), reload)
-    app = Starlette(routes=[*routes, Mount("/", app=mcp_app)], lifespan=lifespan)
+    app = Starlette(routes=[*routes, Mount("/", app=gate)], lifespan=lifespan)
     app.state.started = False
     app.state.registry = registry
     app.state.frontend = frontend

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
 import random
+import secrets
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -13,10 +17,11 @@ from mcp import MCPError
 from mcp.server import ServerRequestContext
 from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 
+from gateway.auth import View
 from gateway.catalog import Entry
 from gateway.labels import META_PREFIX
 from gateway.logs import get_logger
-from gateway.upstream import SERVER_INFO_KEY, CallFailed, Upstream, describe
+from gateway.upstream import FORWARDED, SERVER_INFO_KEY, CallFailed, Upstream, describe
 
 if TYPE_CHECKING:
     from gateway.registry import Registry
@@ -111,16 +116,75 @@ async def call_with_retries(
             await upstream.wait_up(upstream.spec.startup_timeout)
 
 
-async def call_tool(registry: Registry, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> Json:
+CONFIRM_KEY = "manifold/confirm"
+CONFIRM_SCHEMA: Json = {
+    "type": "object",
+    "properties": {"allow": {"type": "boolean", "title": "Allow this call?"}},
+    "required": ["allow"],
+}
+_STATE_KEY = secrets.token_bytes(32)
+
+
+def _confirm_state(entry: Entry, arguments: Mapping[str, Any] | None) -> str:
+    text = json.dumps([entry.public, arguments or {}], sort_keys=True, default=str)
+    return hmac.new(_STATE_KEY, text.encode(), hashlib.sha256).hexdigest()
+
+
+async def confirm(ctx: ServerRequestContext[Any], entry: Entry, params: types.CallToolRequestParams) -> Json | None:
+    """Ask the human to allow a gated call. None when allowed; else the result to answer with.
+
+    2025-era clients are asked with an `elicitation/create` request; 2026-era clients get an
+    `input_required` result and retry with the answer, tied to this tool and these arguments.
+    """
+    modern = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
+    capabilities = ctx.session.client_capabilities
+    if capabilities is None or capabilities.elicitation is None:
+        return error_result(
+            entry,
+            "this tool needs the user's confirmation, but this client cannot ask (it did not declare the "
+            "elicitation capability); the call was not made",
+            modern,
+        )
+    arguments = json.dumps(params.arguments or {}, indent=2, default=str)
+    message = f"Allow {entry.public} (server '{entry.server}') with these arguments?\n{arguments[:4000]}"
+    if modern:
+        state = _confirm_state(entry, params.arguments)
+        answer = (params.input_responses or {}).get(CONFIRM_KEY)
+        if answer is None or not hmac.compare_digest(params.request_state or "", state):
+            request = types.ElicitRequest(
+                params=types.ElicitRequestFormParams(message=message, requested_schema=CONFIRM_SCHEMA)
+            )
+            pending = types.InputRequiredResult(input_requests={CONFIRM_KEY: request}, request_state=state)
+            return pending.model_dump(by_alias=True, mode="json", exclude_none=True)
+        result = answer if isinstance(answer, types.ElicitResult) else types.ElicitResult.model_validate(answer)
+    else:
+        result = await ctx.session.elicit_form(message, CONFIRM_SCHEMA, related_request_id=ctx.request_id)
+    if result.action == "accept" and (result.content or {}).get("allow") is True:
+        return None
+    return error_result(entry, "the user did not allow this call; it was not made", modern)
+
+
+async def call_tool(
+    registry: Registry, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams, view: View
+) -> Json:
     """Serve one downstream `tools/call`; count it, time it and log one line for it."""
     entry = registry.catalog.resolve(params.name)
-    if entry is None:
+    if entry is None or not view.allows(entry):
         log.info("tool call", request_id=ctx.request_id, tool=params.name[:128], outcome="unknown_tool")
         raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {params.name}")
     upstream = registry.upstreams[entry.server]
     modern = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
+    if view.confirms(entry) and (refusal := await confirm(ctx, entry, params)) is not None:
+        outcome = "pending" if refusal.get("resultType") == "input_required" else "denied"
+        if outcome == "denied":
+            registry.metrics.tool_calls.labels(entry.server, entry.public, outcome).inc()
+        log.info("tool call", request_id=ctx.request_id, server=entry.server, tool=entry.public, outcome=outcome)
+        return refusal
     wants_progress = bool(ctx.meta and ctx.meta.get("progress_token") is not None)
     relay = ProgressRelay(ctx) if wants_progress else None
+    if upstream.spec.forward_headers and ctx.request is not None:
+        incoming = ctx.request.headers
+        FORWARDED.set({h: incoming[h] for h in upstream.spec.forward_headers if h in incoming})
     started = time.perf_counter()
     outcome = "cancelled"
     try:

@@ -29,6 +29,12 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="port (default 8080)")
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--log-format", choices=["auto", "json", "console"])
+    serve.add_argument(
+        "--allow-unauthenticated",
+        action="store_true",
+        default=None,
+        help="serve a non-loopback address without API tokens",
+    )
     with_config(commands.add_parser("check", help="validate the config and report every problem"))
     tools = with_config(commands.add_parser("tools", help="connect to every server and print the merged catalog"))
     tools.add_argument("--json", action="store_true", help="print JSON")
@@ -67,11 +73,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _serve(settings: Settings, config: FileConfig) -> int:
-    from gateway.app import serve
+    from gateway.app import Unsafe, serve
     from gateway.logs import configure
 
     configure(settings.log_level, settings.log_format)
-    serve(settings, config)
+    try:
+        serve(settings, config)
+    except Unsafe as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -87,6 +87,7 @@ class ServerSpec(BaseModel):
     refresh_interval: Seconds | None = None
     required: bool = False
     credential: str | None = None
+    forward_headers: list[str] = Field(default_factory=list)
     disabled: bool = False
 
     @model_validator(mode="after")
@@ -102,6 +103,11 @@ class ServerSpec(BaseModel):
                 raise ValueError(f"url must start with http:// or https://, got {self.url!r}")
         if self.command is not None and not self.command.strip():
             raise ValueError("`command` is empty")
+        if self.forward_headers and self.command is not None:
+            raise ValueError("`forward_headers` applies to HTTP servers only")
+        for header in self.forward_headers:
+            if not re.fullmatch(r"[A-Za-z0-9-]{1,64}", header):
+                raise ValueError(f"forward_headers: {header!r} is not a header name (exact names, no globs)")
         return self
 
     @property

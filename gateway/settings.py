@@ -16,6 +16,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from gateway.auth import AuthConfig
 from gateway.config import ConfigError, FileConfig, load_config
 from gateway.interpolate import MissingVariable, interpolate
 
@@ -69,6 +70,12 @@ class Settings(BaseSettings):
     reconcile_interval: float = Field(60.0, gt=0)
     runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
     credentials: dict[str, Credential] = Field(default_factory=dict)
+    auth: AuthConfig = Field(default_factory=AuthConfig)
+    allow_unauthenticated: bool = False
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    max_json_depth: int = Field(64, ge=4)
+    max_sessions: int = Field(5000, ge=1)
+    session_idle_timeout: float = Field(1800.0, gt=0)
 
     @property
     def egress_enabled(self) -> bool:
@@ -104,7 +111,7 @@ def load(cli: Mapping[str, Any]) -> tuple[Settings, FileConfig]:
 
 
 def _fill(values: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
-    """`${VAR}` in the file's `admin_token` and `store` (credentials are filled when used)."""
+    """`${VAR}` in the file's `admin_token`, `store` and token secrets (credentials are filled when used)."""
     filled = dict(values)
     problems = []
     for key in ("admin_token", "store"):
@@ -113,6 +120,17 @@ def _fill(values: Mapping[str, Any], environ: Mapping[str, str] = os.environ) ->
                 filled[key] = interpolate(filled[key], environ)
             except MissingVariable as e:
                 problems.append(f"{key}: {e}")
+    auth = filled.get("auth")
+    if isinstance(auth, dict) and isinstance(auth.get("tokens"), list):
+        tokens = []
+        for i, token in enumerate(auth["tokens"]):
+            if isinstance(token, dict) and isinstance(token.get("token"), str):
+                try:
+                    token = {**token, "token": interpolate(token["token"], environ)}
+                except MissingVariable as e:
+                    problems.append(f"auth.tokens[{i}].token: {e}")
+            tokens.append(token)
+        filled["auth"] = {**auth, "tokens": tokens}
     if problems:
         raise ConfigError(problems)
     return filled

@@ -14,6 +14,7 @@ import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from contextvars import ContextVar
 from types import TracebackType
 from typing import Any, Self, cast
 
@@ -45,6 +46,12 @@ CLIENT_INFO = types.Implementation(name="manifold", version=__version__)
 SERVER_INFO_KEY = "io.modelcontextprotocol/serverInfo"
 
 log = get_logger("upstream")
+FORWARDED: ContextVar[Mapping[str, str] | None] = ContextVar("manifold_forwarded_headers", default=None)
+
+
+async def _add_forwarded(request: httpx2.Request) -> None:
+    for name, value in (FORWARDED.get() or {}).items():
+        request.headers[name] = value
 
 
 class State(enum.StrEnum):
@@ -301,7 +308,11 @@ class Upstream:
         transport = pinned_transport(checked) if checked is not None else None
         async with (
             httpx2.AsyncClient(
-                headers=headers, timeout=timeout, follow_redirects=checked is None, transport=transport
+                headers=headers,
+                timeout=timeout,
+                follow_redirects=checked is None,
+                transport=transport,
+                event_hooks={"request": [_add_forwarded]} if self.spec.forward_headers else None,
             ) as http,
             streamable_http_client(url, http_client=http) as streams,
         ):

@@ -129,8 +129,9 @@ def run_gateway(
 class EraClient:
     """One downstream client of either era, with the calls the tests need."""
 
-    def __init__(self, session: ClientSession) -> None:
+    def __init__(self, session: ClientSession, client: Client | None = None) -> None:
         self.session = session
+        self.client = client
 
     async def tool_names(self) -> list[str]:
         return [t.name for t in (await self.session.list_tools()).tools]
@@ -140,6 +141,8 @@ class EraClient:
         return [t.model_dump(by_alias=True, mode="json", exclude_none=True) for t in result.tools]
 
     async def call(self, name: str, arguments: dict[str, Any] | None = None, **kwargs: Any) -> Any:
+        if self.client is not None:  # the high-level client also drives 2026-era input_required rounds
+            return await self.client.call_tool(name, arguments or {}, **kwargs)
         return await self.session.call_tool(name, arguments or {}, **kwargs)
 
     async def wait_for(self, predicate: Callable[[list[str]], bool], timeout: float = 20) -> list[str]:
@@ -155,17 +158,25 @@ class EraClient:
 
 
 @asynccontextmanager
-async def connect(url: str, era: str, **session_kwargs: Any) -> AsyncIterator[EraClient]:
-    """An SDK client of the given era: `Client` (lands on 2026-07-28) or `ClientSession.initialize()`."""
-    if era == "2026-07-28":
-        async with Client(url, mode="2026-07-28", cache=None, **session_kwargs) as client:
-            assert client.session.protocol_version == era
-            yield EraClient(client.session)
-    else:
-        async with streamable_http_client(url) as (read, write), ClientSession(read, write, **session_kwargs) as s:
-            await s.initialize()
-            assert s.protocol_version == era
-            yield EraClient(s)
+async def connect(
+    url: str, era: str, *, headers: dict[str, str] | None = None, **session_kwargs: Any
+) -> AsyncIterator[EraClient]:
+    """An SDK client of the given era (`Client` in 2026-07-28 mode, or `ClientSession.initialize()`)."""
+    timeout = httpx2.Timeout(30, read=300)
+    async with httpx2.AsyncClient(headers=headers or {}, timeout=timeout) as http:
+        if era == "2026-07-28":
+            transport = streamable_http_client(url, http_client=http)
+            async with Client(transport, mode="2026-07-28", cache=None, **session_kwargs) as client:
+                assert client.session.protocol_version == era
+                yield EraClient(client.session, client)
+        else:
+            async with (
+                streamable_http_client(url, http_client=http) as (read, write),
+                ClientSession(read, write, **session_kwargs) as s,
+            ):
+                await s.initialize()
+                assert s.protocol_version == era
+                yield EraClient(s)
 
 
 class Changes:
@@ -189,7 +200,9 @@ class Changes:
 
 
 @asynccontextmanager
-async def watch_changes(url: str, era: str) -> AsyncIterator[tuple[EraClient, Changes]]:
+async def watch_changes(
+    url: str, era: str, headers: dict[str, str] | None = None
+) -> AsyncIterator[tuple[EraClient, Changes]]:
     """A client of `era` plus a counter of the list_changed notices it receives, in its era's way."""
     from mcp.client.subscriptions import listen
     from mcp.types import ToolListChangedNotification
@@ -201,10 +214,10 @@ async def watch_changes(url: str, era: str) -> AsyncIterator[tuple[EraClient, Ch
             changes.bump()
 
     if era == "2025-11-25":
-        async with connect(url, era, message_handler=on_message) as client:
+        async with connect(url, era, headers=headers, message_handler=on_message) as client:
             yield client, changes
         return
-    async with connect(url, era) as client, anyio.create_task_group() as tg:
+    async with connect(url, era, headers=headers) as client, anyio.create_task_group() as tg:
         subscribed = anyio.Event()
 
         async def listener() -> None:

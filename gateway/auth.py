@@ -1,0 +1,283 @@
+"""Who is calling: bearer tokens, their scopes (views of the catalog), rate limits and request limits.
+
+`AuthGate` is plain ASGI middleware in front of `/mcp`: it authenticates, rate-limits, bounds the body
+and its nesting, binds 2025-era sessions to the token that opened them, and hands the caller's `View`
+to the MCP handlers through the request scope.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import hmac
+import json
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway.catalog import Entry
+from gateway.logs import get_logger
+
+log = get_logger("auth")
+GatedPolicy = Literal["allow", "deny", "confirm"]
+SCOPE_KEY = "manifold_view"
+SESSION_HEADER = b"mcp-session-id"
+
+
+class TokenSpec(BaseModel):
+    """One API token: its secret (`token`, usually `${ENV}`, or `sha256`) and its scope."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+    token: SecretStr | None = None
+    sha256: str | None = Field(None, pattern=r"^[0-9a-fA-F]{64}$")
+    servers: list[str] = Field(default_factory=lambda: ["*"])
+    tools: list[str] = Field(default_factory=lambda: ["*"])
+    gated: GatedPolicy = "allow"
+    rate: float | None = Field(None, gt=0, description="requests per second")
+    burst: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _one_secret(self) -> TokenSpec:
+        if (self.token is None) == (self.sha256 is None):
+            raise ValueError("give exactly one of `token` (e.g. ${ENV_VAR}) or `sha256`")
+        return self
+
+    def digest(self) -> bytes:
+        """The SHA-256 of the secret, as bytes."""
+        if self.sha256 is not None:
+            return bytes.fromhex(self.sha256)
+        assert self.token is not None
+        return hashlib.sha256(self.token.get_secret_value().encode()).digest()
+
+
+class AuthConfig(BaseModel):
+    """`auth:` in the config."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tokens: list[TokenSpec] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _unique(self) -> AuthConfig:
+        names = [t.name for t in self.tokens]
+        if len(names) != len(set(names)):
+            raise ValueError("token names must be unique")
+        return self
+
+
+def _matches(value: str, patterns: Sequence[str]) -> bool:
+    return any(value == p or fnmatch.fnmatchcase(value, p) for p in patterns)
+
+
+@dataclass(frozen=True)
+class View:
+    """What one caller may see and call."""
+
+    name: str
+    servers: tuple[str, ...] = ("*",)
+    tools: tuple[str, ...] = ("*",)
+    gated: GatedPolicy = "allow"
+
+    def allows(self, entry: Entry) -> bool:
+        """Whether the tool is visible (and callable) for this caller."""
+        if self.gated == "deny" and entry.labels.gated:
+            return False
+        return _matches(entry.server, self.servers) and _matches(entry.public, self.tools)
+
+    def confirms(self, entry: Entry) -> bool:
+        """Whether a call of this tool needs the human's confirmation first."""
+        return self.gated == "confirm" and entry.labels.gated
+
+
+OPEN_VIEW = View("anonymous")
+
+
+def views_for(tokens: Iterable[TokenSpec]) -> list[View]:
+    """One view per token; the open view when there are no tokens."""
+    views = [View(t.name, tuple(t.servers), tuple(t.tools), t.gated) for t in tokens]
+    return views or [OPEN_VIEW]
+
+
+class _Bucket:
+    def __init__(self, rate: float, burst: int) -> None:
+        self.rate, self.burst = rate, burst
+        self.tokens = float(burst)
+        self.stamp = time.monotonic()
+
+    def take(self) -> float:
+        """0 when a request may pass, else the seconds until one may."""
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return 0.0
+        return (1 - self.tokens) / self.rate
+
+
+def nesting_depth_exceeds(body: bytes, limit: int) -> bool:
+    """Whether JSON text nests arrays/objects deeper than `limit` (strings are skipped)."""
+    depth = 0
+    in_string = escaped = False
+    for byte in body:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:
+                escaped = True
+            elif byte == 0x22:
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):
+            depth += 1
+            if depth > limit:
+                return True
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return False
+
+
+@dataclass
+class Limits:
+    """Request limits applied before the MCP layer."""
+
+    max_body_bytes: int = 4 * 1024 * 1024
+    max_json_depth: int = 64
+
+
+@dataclass
+class AuthGate:
+    """ASGI middleware guarding the MCP endpoint."""
+
+    app: ASGIApp
+    tokens: Iterable[TokenSpec]
+    limits: Limits = field(default_factory=Limits)
+
+    def __post_init__(self) -> None:
+        self._tokens = [(t.digest(), t) for t in self.tokens]
+        self._views = {view.name: view for view in views_for(self.tokens)} if self._tokens else {}
+        self._buckets = {t.name: _Bucket(t.rate, t.burst or max(1, int(t.rate * 2))) for _, t in self._tokens if t.rate}
+        self._session_owner: dict[bytes, str] = {}
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._tokens)
+
+    def _identify(self, header: bytes | None) -> TokenSpec | None:
+        if not header or header[:7].lower() != b"bearer ":
+            return None
+        presented = hashlib.sha256(header[7:].strip()).digest()
+        found = None
+        for digest, token in self._tokens:  # every entry is compared: the time does not tell which matched
+            if hmac.compare_digest(digest, presented):
+                found = token
+        return found
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        view = OPEN_VIEW
+        if self._tokens:
+            token = self._identify(headers.get(b"authorization"))
+            if token is None:
+                await _reject(
+                    send,
+                    401,
+                    -32001,
+                    "Unauthorized: a valid bearer token is required",
+                    {b"www-authenticate": b'Bearer realm="manifold"'},
+                )
+                return
+            view = self._views[token.name]
+            bucket = self._buckets.get(token.name)
+            if bucket is not None and (wait := bucket.take()) > 0:
+                await _reject(
+                    send,
+                    429,
+                    -32000,
+                    "Too many requests for this token",
+                    {b"retry-after": str(max(1, round(wait + 0.5))).encode()},
+                )
+                return
+        session = headers.get(SESSION_HEADER)
+        if session is not None and self._session_owner.get(session, view.name) != view.name:
+            await _reject(send, 404, -32600, "Session not found")
+            return
+        if scope["method"] == "POST":
+            body = await _read_body(receive, self.limits.max_body_bytes)
+            if body is None:
+                await _reject(send, 413, -32600, f"Request body over {self.limits.max_body_bytes} bytes")
+                return
+            if nesting_depth_exceeds(body, self.limits.max_json_depth):
+                await _reject(send, 400, -32600, f"JSON nested deeper than {self.limits.max_json_depth} levels")
+                return
+            receive = _replay(body, receive)
+        scope.setdefault("state", {})[SCOPE_KEY] = view
+
+        async def send_watching(message: Message) -> None:
+            if message["type"] == "http.response.start" and session is None:
+                for key, value in message.get("headers", []):
+                    if key.lower() == SESSION_HEADER:
+                        self._session_owner[value] = view.name
+            await send(message)
+
+        await self.app(scope, receive, send_watching)
+
+    def forget_sessions(self, live: Iterable[str]) -> None:
+        """Drop ownership records of sessions that no longer exist."""
+        keep = {s.encode() for s in live}
+        for session in [s for s in self._session_owner if s not in keep]:
+            del self._session_owner[session]
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes | None:
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+def _replay(body: bytes, downstream: Receive) -> Receive:
+    """Hand the app the body already read, then the client's own messages (its disconnect is a cancel)."""
+    sent = False
+
+    async def receive() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await downstream()
+
+    return receive
+
+
+async def _reject(send: Send, status: int, code: int, message: str, extra: dict[bytes, bytes] | None = None) -> None:
+    body = json.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers += list((extra or {}).items())
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def view_of(state: Any) -> View:
+    """The caller's view from a request's state (the open view when none was set)."""
+    value = getattr(state, SCOPE_KEY, None) if not isinstance(state, dict) else state.get(SCOPE_KEY)
+    return value if isinstance(value, View) else OPEN_VIEW
