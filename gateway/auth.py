@@ -144,6 +144,23 @@ def nesting_depth_exceeds(body: bytes, limit: int) -> bool:
     return False
 
 
+def shape_problem(body: bytes) -> tuple[int, str] | None:
+    """A JSON-RPC error (code, message) for a body that is not one JSON-RPC message, or None."""
+    try:
+        message = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return -32700, "Parse error: the body is not valid UTF-8 JSON"
+    if isinstance(message, list):
+        return -32600, "Invalid Request: batches are not supported; send one JSON-RPC message per request"
+    if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
+        return -32600, 'Invalid Request: expected a JSON-RPC 2.0 object ("jsonrpc": "2.0")'
+    if "method" in message and not isinstance(message["method"], str):
+        return -32600, "Invalid Request: `method` must be a string"
+    if "id" in message and not (message["id"] is None or isinstance(message["id"], str | int)):
+        return -32600, "Invalid Request: `id` must be a string or an integer"
+    return None
+
+
 @dataclass
 class Limits:
     """Request limits applied before the MCP layer."""
@@ -219,6 +236,9 @@ class AuthGate:
                 return
             if nesting_depth_exceeds(body, self.limits.max_json_depth):
                 await _reject(send, 400, -32600, f"JSON nested deeper than {self.limits.max_json_depth} levels")
+                return
+            if (problem := shape_problem(body)) is not None:
+                await _reject(send, 400, problem[0], problem[1])
                 return
             receive = _replay(body, receive)
         scope.setdefault("state", {})[SCOPE_KEY] = view

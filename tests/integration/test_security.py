@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 import httpx2
@@ -120,11 +120,11 @@ def test_a_2025_session_stays_bound_to_its_token(tmp_path: Path) -> None:
         assert post(gw.url, listing, {**bearer(ALPHA), **headers}).status_code == 200
 
 
-def _answer(action: str, allow: bool | None = None):
+def _answer(action: Literal["accept", "decline", "cancel"], allow: bool | None = None):
     async def callback(ctx: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
         assert "Allow fx__write_note" in params.message
         assert '"note": "hello"' in params.message
-        content = {"allow": allow} if allow is not None else None
+        content: dict[str, Any] | None = {"allow": allow} if allow is not None else None
         return types.ElicitResult(action=action, content=content)
 
     return callback
