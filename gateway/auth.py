@@ -11,7 +11,6 @@ import fnmatch
 import hashlib
 import hmac
 import json
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -19,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway.bucket import TokenBucket
 from gateway.catalog import Entry
 from gateway.logs import get_logger
 
@@ -104,23 +104,6 @@ def views_for(tokens: Iterable[TokenSpec]) -> list[View]:
     return views or [OPEN_VIEW]
 
 
-class _Bucket:
-    def __init__(self, rate: float, burst: int) -> None:
-        self.rate, self.burst = rate, burst
-        self.tokens = float(burst)
-        self.stamp = time.monotonic()
-
-    def take(self) -> float:
-        """0 when a request may pass, else the seconds until one may."""
-        now = time.monotonic()
-        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
-        self.stamp = now
-        if self.tokens >= 1:
-            self.tokens -= 1
-            return 0.0
-        return (1 - self.tokens) / self.rate
-
-
 def nesting_depth_exceeds(body: bytes, limit: int) -> bool:
     """Whether JSON text nests arrays/objects deeper than `limit` (strings are skipped)."""
     depth = 0
@@ -180,7 +163,9 @@ class AuthGate:
     def __post_init__(self) -> None:
         self._tokens = [(t.digest(), t) for t in self.tokens]
         self._views = {view.name: view for view in views_for(self.tokens)} if self._tokens else {}
-        self._buckets = {t.name: _Bucket(t.rate, t.burst or max(1, int(t.rate * 2))) for _, t in self._tokens if t.rate}
+        self._buckets = {
+            t.name: TokenBucket(t.rate, t.burst or max(1, int(t.rate * 2))) for _, t in self._tokens if t.rate
+        }
         self._session_owner: dict[bytes, str] = {}
 
     @property

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager, suppress
 from typing import Any
@@ -22,6 +21,7 @@ from mcp.client.stdio import get_default_environment
 from mcp.shared.message import SessionMessage
 from pydantic import ValidationError
 
+from gateway.bucket import TokenBucket
 from gateway.logs import get_logger, redact_text
 
 log = get_logger("stdio")
@@ -31,26 +31,6 @@ TERM_GRACE = 2.0
 STDERR_LINES_PER_SECOND = 20.0
 STDERR_BURST = 100
 MAX_LINE = 64 * 1024 * 1024
-
-
-class _LineBudget:
-    """A token bucket for stderr lines; counts what it drops."""
-
-    def __init__(self, rate: float, burst: int) -> None:
-        self.rate, self.burst = rate, burst
-        self.tokens = float(burst)
-        self.stamp = time.monotonic()
-        self.dropped = 0
-
-    def take(self) -> bool:
-        now = time.monotonic()
-        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
-        self.stamp = now
-        if self.tokens >= 1:
-            self.tokens -= 1
-            return True
-        self.dropped += 1
-        return False
 
 
 def _signal_group(pgid: int, sig: int) -> bool:
@@ -147,16 +127,19 @@ async def stdio_transport(
 
     async def stderr_reader() -> None:
         assert process.stderr is not None
-        budget = _LineBudget(STDERR_LINES_PER_SECOND, STDERR_BURST)
+        budget = TokenBucket(STDERR_LINES_PER_SECOND, STDERR_BURST)
+        dropped = 0
         buffer = b""
         with suppress(anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
             async for chunk in process.stderr:
                 *lines, buffer = (buffer + chunk).split(b"\n")
                 for line in lines:
-                    if budget.take():
-                        if budget.dropped:
-                            log.warning("upstream stderr lines suppressed", server=server, count=budget.dropped)
-                            budget.dropped = 0
+                    if budget.take() > 0:
+                        dropped += 1
+                    else:
+                        if dropped:
+                            log.warning("upstream stderr lines suppressed", server=server, count=dropped)
+                            dropped = 0
                         text = redact_text(line.decode(errors="replace").rstrip())[:2000]
                         log.info("upstream stderr", server=server, line=text)
 
