@@ -1,9 +1,9 @@
-# syntax=docker/dockerfile:1
 # Manifold as a container: `docker build -t manifold .`, then
 #   docker run --rm -p 127.0.0.1:8080:8080 manifold                      # the built-in config (the time server)
 #   docker run --rm -p 127.0.0.1:8080:8080 \
 #     -v "$PWD/my.yaml:/etc/manifold/manifold.yaml:ro" manifold           # your config
-# Build with `--build-arg WITH_NODE=1` to add Node.js and npm for servers launched with npx.
+# Build with `--build-arg WITH_NODE=1` to add Node.js and npm for servers launched with npx; run those with
+# `docker run --init` (compose: `init: true`) so that orphaned grandchildren (npx -> sh -> node) are reaped.
 # compose.yaml next to this file is a sidecar example.
 
 # ---- builder: a venv with the locked runtime dependencies and the package ----

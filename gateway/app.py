@@ -165,6 +165,11 @@ def build_app(settings: Settings, config: FileConfig, environ: Mapping[str, str]
         body, content_type = registry.metrics.render()
         return Response(body, media_type=content_type)
 
+    async def prune_sessions() -> None:
+        while True:
+            await anyio.sleep(60)
+            gate.forget_sessions(frontend.live_sessions())
+
     async def on_sighup() -> None:
         with anyio.open_signal_receiver(signal.SIGHUP) as signals:
             async for _ in signals:
@@ -180,6 +185,7 @@ def build_app(settings: Settings, config: FileConfig, environ: Mapping[str, str]
         ):
             tg.start_soon(runtime.run)
             tg.start_soon(on_sighup)
+            tg.start_soon(prune_sessions)
             app.state.started = True
             try:
                 yield

@@ -5,7 +5,7 @@
 
 Waits up to `--timeout` seconds for the listing to contain every `--expect` name (the gateway
 connects to its upstreams in the background), prints what it saw, and exits 1 on any mismatch.
-Only the standard library and `mcp` are needed, so it also runs inside the upstream service's
+The bearer token comes from `MANIFOLD_TOKEN`. Only the standard library and `mcp` are needed, so it also runs inside the upstream service's
 container (`docker compose exec -T upstream python - URL ... < tests/container/mcp_check.py`).
 """
 
@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
 import anyio
+import httpx2
 from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
 
 
 async def names(client: Client) -> list[str]:
@@ -26,7 +29,12 @@ async def names(client: Client) -> list[str]:
 
 
 async def run(args: argparse.Namespace) -> int:
-    async with Client(args.url, mode=args.era) as client:
+    token = os.environ.get("MANIFOLD_TOKEN")
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with (
+        httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=300)) as http,
+        Client(streamable_http_client(args.url, http_client=http), mode=args.era) as client,
+    ):
         version = client.session.protocol_version
         seen: list[str] = []
         with anyio.move_on_after(args.timeout):
