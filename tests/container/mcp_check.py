@@ -5,7 +5,8 @@
 
 Waits up to `--timeout` seconds for the listing to contain every `--expect` name (the gateway
 connects to its upstreams in the background), prints what it saw, and exits 1 on any mismatch.
-The bearer token comes from `MANIFOLD_TOKEN`. Only the standard library and `mcp` are needed, so it also runs inside the upstream service's
+The bearer token comes from `MANIFOLD_TOKEN`.
+Only the standard library and `mcp` are needed, so it also runs inside the upstream service's
 container (`docker compose exec -T upstream python - URL ... < tests/container/mcp_check.py`).
 """
 

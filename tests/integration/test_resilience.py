@@ -370,3 +370,23 @@ async def test_expired_http_session_is_reinitialised_transparently(tmp_path: Pat
 def _port_open(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.mark.parametrize("era", ERAS)
+async def test_a_downstream_cancel_cancels_the_upstream_call(tmp_path: Path, era: str) -> None:
+    cancel_file = tmp_path / f"cancelled-{era}"
+    with run_http_fixture(name="web", env={"FIXTURE_CANCEL_FILE": str(cancel_file)}) as web:
+        config = {
+            "servers": {
+                "fx": {**stdio_spec(), "env": {"FIXTURE_CANCEL_FILE": str(cancel_file) + ".stdio"}},
+                "web": {"url": web.url},
+            }
+        }
+        with run_gateway(tmp_path, config) as gw:
+            async with connect(gw.url, era) as client:
+                await client.wait_for(lambda n: "fx__hang" in n and "web__hang" in n)
+                for tool, path in (("fx__hang", Path(str(cancel_file) + ".stdio")), ("web__hang", cancel_file)):
+                    with anyio.move_on_after(1.0):
+                        await client.call(tool)
+                    await _wait(lambda p=path: p.exists() and "cancelled" in p.read_text(), 10, f"{tool} cancel")
+                assert (await client.call("fx__echo", {"text": "after"})).content[0].text == "after"

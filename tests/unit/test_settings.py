@@ -17,10 +17,28 @@ def _clean_env(monkeypatch):
 
 
 def test_file_keys():
-    assert (
-        frozenset({"host", "port", "allowed_hosts", "allowed_origins", "log_level", "log_format", "drain_timeout"})
-        == FILE_KEYS
-    )
+    expected = {
+        "host",
+        "port",
+        "allowed_hosts",
+        "allowed_origins",
+        "log_level",
+        "log_format",
+        "drain_timeout",
+        "metrics_port",
+        "admin_token",
+        "store",
+        "reconcile_interval",
+        "runtime",
+        "credentials",
+        "auth",
+        "allow_unauthenticated",
+        "max_body_bytes",
+        "max_json_depth",
+        "max_sessions",
+        "session_idle_timeout",
+    }
+    assert frozenset(expected) == FILE_KEYS
 
 
 def test_defaults():
