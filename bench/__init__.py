@@ -1,0 +1,1 @@
+"""The Manifold benchmark: fixtures, a wrk-based load generator, and the scenario runner (`python -m bench`)."""

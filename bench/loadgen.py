@@ -60,6 +60,7 @@ class Workload:
     params: dict[str, Any] | None
     expect: str = '"result":'
     min_bytes: int = 0
+    check_body: bool = True  # False: no per-answer Lua body checks, errors from statuses and bytes (mcp.lua)
 
     def lua_params(self) -> str:
         """The parameter file for mcp.lua: one request head per session, and the body around the id."""
@@ -86,6 +87,7 @@ class Workload:
             f"  suffix = {_lua_str(suffix)},\n"
             f"  expect = {_lua_str(self.expect)},\n"
             f"  min_bytes = {int(self.min_bytes)},\n"
+            f"  check_body = {'true' if self.check_body else 'false'},\n"
             "}\n"
         )
 
@@ -176,7 +178,7 @@ def run_load(
             wrk,
             f"-t{max(1, min(threads, concurrency))}",
             f"-c{concurrency}",
-            f"-d{max(1, round(duration_s))}s" if duration_s >= 1 else f"-d{int(duration_s * 1000)}ms",
+            f"-d{max(1, round(duration_s))}s",  # wrk takes whole seconds
             f"--timeout={timeout_s:g}s",
             "-s",
             str(LUA_SCRIPT),

@@ -16,6 +16,7 @@ Answers may be `application/json` or `text/event-stream`; both are parsed.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 from dataclasses import dataclass, field
@@ -215,10 +216,8 @@ def close_session(conn: Connection, session: Session) -> None:
     if session.session_id is None:
         return
     headers = {"Accept": ACCEPT, **session.headers}
-    try:
+    with contextlib.suppress(OSError, http.client.HTTPException):
         conn.exchange("DELETE", headers)
-    except (OSError, http.client.HTTPException):
-        pass
 
 
 def list_tool_names(conn: Connection, session: Session) -> list[str]:

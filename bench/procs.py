@@ -44,6 +44,15 @@ def rss_kib(pid: int) -> int | None:
     return None
 
 
+def native_modules(pid: int, names: tuple[str, ...] = ("uvloop", "httptools", "orjson")) -> dict[str, bool]:
+    """Which of some compiled modules a process has loaded (from /proc/PID/maps)."""
+    try:
+        maps = Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return {}
+    return {n: f"/{n}/" in maps or f"/{n}." in maps for n in names}
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that is free right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -127,10 +136,8 @@ class Proc:
         if self.alive():
             with suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.pid, signal.SIGTERM)
-            try:
+            with suppress(subprocess.TimeoutExpired):
                 self.popen.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                pass
         with suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pid, signal.SIGKILL)  # the group: stdio upstreams and anything they started
         with suppress(subprocess.TimeoutExpired):

@@ -1,0 +1,1004 @@
+"""Run the whole benchmark: every figure as a ratio to calling the same fixture directly, in alternating rounds.
+
+`python -m bench` (full run, under 10 minutes on 2 cores), `python -m bench --quick` (smoke run, about a
+minute; its figures are not worth comparing), `python -m bench --profile` (py-spy on the gateway during the
+echo c=16 HTTP scenario). Results go to bench/results/latest.json and latest.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import selectors
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bench.loadgen import LoadResult, Workload, ensure_wrk, run_load, wrk_version
+from bench.mcphttp import (
+    ACCEPT,
+    CLIENT_INFO,
+    ERAS,
+    LEGACY,
+    META_CAPABILITIES,
+    META_CLIENT_INFO,
+    META_VERSION,
+    MODERN,
+    Connection,
+    Endpoint,
+    McpError,
+    Session,
+    close_session,
+    list_tool_names,
+    open_session,
+)
+from bench.procs import (
+    BENCH_DIR,
+    REPO,
+    FixtureSpec,
+    Gateway,
+    HttpFixture,
+    Proc,
+    machine_info,
+    native_modules,
+    package_versions,
+    rss_kib,
+    start_gateway,
+    start_http_fixture,
+    wait_port,
+)
+
+RESULTS = BENCH_DIR / "results"
+ECHO_TEXT = "hello"
+MIB = 1024 * 1024
+X = "\N{MULTIPLICATION SIGN}"
+NA = "\N{EN DASH}"  # not applicable
+# Per-server limits high enough that the gateway's own concurrency cap (default 32 in flight) never
+# decides a scenario: the benchmark measures the hop, not a configured limit.
+LIMITS = {"max_concurrent": 256, "max_queued": 256}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How long and how often to measure."""
+
+    name: str
+    duration: float  # seconds per measured run
+    warmup: float  # seconds of one unmeasured run per target before the rounds
+    rounds: int  # alternating rounds per scenario
+    list_duration: float
+    startup_rounds: int
+    sessions: int
+    dummy_tools: int  # N dummy tools of each call fixture
+    upstreams: int = 20
+    tools_per_upstream: int = 50
+
+
+FULL = Plan("full", duration=2, warmup=1, rounds=4, list_duration=2, startup_rounds=3, sessions=1000, dummy_tools=10)
+QUICK = Plan("quick", duration=1, warmup=1, rounds=1, list_duration=1, startup_rounds=1, sessions=1000, dummy_tools=10)
+
+
+@dataclass
+class Target:
+    """One thing to load: the direct fixture or the gateway, and the tool (or listing) to drive."""
+
+    key: str  # "direct" or "gateway ..."
+    endpoint: Endpoint
+    method: str
+    params: dict[str, Any] | None
+    watch: dict[str, int]
+    expect: str = '"result":'
+    check: Callable[[dict[str, Any]], None] | None = None
+    check_body: bool = True  # False: measured runs skip wrk's per-answer body checks (see mcp.lua)
+    workload: Workload | None = None
+    checked_workload: Workload | None = None  # every answer's body checked: the warm-up's
+    sessions: list[Session] = field(default_factory=list)
+
+    @property
+    def is_direct(self) -> bool:
+        return self.key == "direct"
+
+
+@dataclass
+class Row:
+    """One line of the results table."""
+
+    scenario: str
+    direct: str
+    gateway: str
+    ratio: str
+    target: str
+    met: bool | None  # None: informational
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "scenario": self.scenario,
+            "direct": self.direct,
+            "gateway": self.gateway,
+            "ratio": self.ratio,
+            "target": self.target,
+            "met": self.met,
+            **self.data,
+        }
+
+
+def median(values: Iterable[float]) -> float:
+    return float(statistics.median(list(values)))
+
+
+def check_echo(expected_len: int | None = None) -> Callable[[dict[str, Any]], None]:
+    """A check of a tools/call result: no error, one text part (of a given length, or the echoed text)."""
+
+    def check(result: dict[str, Any]) -> None:
+        if result.get("isError"):
+            raise McpError(f"isError result: {str(result)[:300]}")
+        text = result["content"][0]["text"]
+        if expected_len is not None and len(text) != expected_len:
+            raise McpError(f"result text has {len(text)} characters, not {expected_len}")
+        if expected_len is None and text != ECHO_TEXT:
+            raise McpError(f"echo answered {text[:100]!r}")
+
+    return check
+
+
+def check_listing(expected: int) -> Callable[[dict[str, Any]], None]:
+    def check(result: dict[str, Any]) -> None:
+        n = len(result.get("tools", []))
+        if n != expected or result.get("nextCursor"):
+            raise McpError(f"tools/list gave {n} tools (cursor {result.get('nextCursor')!r}), expected {expected}")
+
+    return check
+
+
+class Bench:
+    """Owns every process it starts and every figure it measures."""
+
+    def __init__(self, plan: Plan, out_dir: Path, log: Callable[[str], None] = print) -> None:
+        self.plan = plan
+        self.out_dir = out_dir
+        self.log = log
+        self.wrk = ensure_wrk()
+        self.workdir = Path(tempfile.mkdtemp(prefix="manifold-bench-"))
+        self.procs: list[Proc] = []
+        self.runs: list[dict[str, Any]] = []
+        self.rows: list[Row] = []
+        self.extra: dict[str, Any] = {}
+        self.errors = {"direct": 0, "gateway": 0}
+        self.calls = 0
+        self.generator_cpu_s = 0.0
+        self.t0 = time.monotonic()
+        self.versions_at_start = self.versions()
+
+    def versions(self) -> dict[str, str]:
+        return {
+            "wrk": wrk_version(self.wrk),
+            **package_versions(["mcp", "mcp-types", "uvicorn", "starlette", "anyio", "uvloop", "httptools", "orjson"]),
+        }
+
+    # --- processes -------------------------------------------------------------------------------
+
+    def fixture(self, name: str, spec: FixtureSpec) -> HttpFixture:
+        fx = start_http_fixture(name, spec, self.workdir)
+        self.procs.append(fx.proc)
+        # the fixture is ready once it answers a handshake
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                open_session(Connection(Endpoint.parse(fx.url), timeout=5), MODERN)
+                return fx
+            except (OSError, McpError, http.client.HTTPException):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def gateway(self, servers: dict[str, dict[str, Any]], tag: str) -> Gateway:
+        gw = start_gateway(servers, self.workdir, tag)
+        self.procs.append(gw.proc)
+        return gw
+
+    def stop(self, proc: Proc, grace: float = 2.0) -> None:
+        proc.stop(grace)
+        if proc in self.procs:
+            self.procs.remove(proc)
+
+    def stop_all(self) -> None:
+        for proc in list(self.procs):
+            self.stop(proc, grace=1.0)
+
+    def wait_tools(self, gw: Gateway, expected: set[str], timeout: float = 60.0) -> float:
+        """Wait until tools/list has every expected tool; return the seconds since the gateway was started.
+
+        Polling tools/list itself would cost the gateway CPU while it starts (a 1000-tool listing takes it
+        tens of ms), so this polls the cheap /readyz until every server is up with its tools, and only
+        then confirms with tools/list (falling back to polling tools/list every 0.1 s if /readyz says
+        nothing usable).
+        """
+        deadline = time.monotonic() + timeout
+        wait_port(gw.proc, gw.port, timeout)
+        conn = Connection(Endpoint.parse(gw.url), timeout=10)
+        session: Session | None = None
+        last: set[str] = set()
+        while True:
+            if not gw.proc.alive():
+                raise RuntimeError(f"the gateway exited:\n{gw.proc.log_tail()}")
+            if time.monotonic() > deadline:
+                missing = sorted(expected - last)
+                raise TimeoutError(f"gateway lacks {len(missing)} tools after {timeout} s, e.g. {missing[:5]}")
+            servers_up = readyz_all_up(gw.port)
+            if servers_up is False:
+                time.sleep(0.01)
+                continue
+            try:
+                session = session or open_session(conn, MODERN)
+                last = set(list_tool_names(conn, session))
+                if expected <= last:
+                    elapsed = time.monotonic() - gw.proc.started
+                    conn.close()
+                    return elapsed
+            except (OSError, McpError, http.client.HTTPException):
+                pass
+            time.sleep(0.01 if servers_up else 0.1)
+
+    # --- load ------------------------------------------------------------------------------------
+
+    def prepare(self, target: Target, era: str, concurrency: int) -> None:
+        """Handshake (one 2025-era session per connection; 2026 needs none), check one answer, build the workload."""
+        conn = Connection(target.endpoint)
+        n = concurrency if era == LEGACY else 1
+        target.sessions = [open_session(conn, era) for _ in range(n)]
+        session = target.sessions[0]
+        request_id = conn.next_id()
+        reply = conn.post(session, session.body(request_id, target.method, target.params))
+        if reply.status != 200:
+            raise McpError(f"{target.key}: HTTP {reply.status}: {reply.body[:300]!r}")
+        result = reply.response(request_id)
+        if target.check is not None:
+            target.check(result)
+        conn.close()
+        target.checked_workload = Workload(
+            target.endpoint,
+            target.sessions,
+            target.method,
+            target.params,
+            expect=target.expect,
+            min_bytes=int(len(reply.body) * 0.9),
+        )
+        target.workload = target.checked_workload
+        if not target.check_body:
+            # the check answer's id is shorter than the hot loop's 10 digits: never longer by more than 20 bytes
+            target.workload = Workload(
+                target.endpoint,
+                target.sessions,
+                target.method,
+                target.params,
+                expect=target.expect,
+                min_bytes=len(reply.body) - 20,
+                check_body=False,
+            )
+
+    def release(self, target: Target) -> None:
+        conn = Connection(target.endpoint)
+        for s in target.sessions:
+            close_session(conn, s)
+        conn.close()
+        target.sessions = []
+
+    def load(self, target: Target, concurrency: int, duration: float, checked: bool = False) -> LoadResult:
+        workload = target.checked_workload if checked else target.workload
+        assert workload is not None
+        result = run_load(self.wrk, workload, concurrency, duration, watch=target.watch)
+        self.errors["direct" if target.is_direct else "gateway"] += result.errors
+        self.calls += result.calls
+        self.generator_cpu_s += result.generator_cpu_s
+        if result.errors:
+            self.log(f"    ! {target.key}: {result.errors} errors {result.error_detail}")
+        time.sleep(0.2)
+        return result
+
+    def alternate(
+        self, scenario: str, era: str, targets: list[Target], concurrency: int, duration: float | None = None
+    ) -> dict[str, list[LoadResult]]:
+        """Warm each target up, then run the targets in turn, round after round; every run is kept."""
+        duration = duration or self.plan.duration
+        for t in targets:
+            self.prepare(t, era, concurrency)
+        try:
+            for t in targets:  # the warm-up checks every answer's body, whatever the measured runs do
+                self.load(t, concurrency, self.plan.warmup, checked=True)
+            out: dict[str, list[LoadResult]] = {t.key: [] for t in targets}
+            for r in range(self.plan.rounds):
+                for t in targets:
+                    res = self.load(t, concurrency, duration)
+                    out[t.key].append(res)
+                    self.runs.append({"scenario": scenario, "era": era, "target": t.key, "round": r, **res.to_json()})
+                    self.log(
+                        f"  {scenario:<26} {era} {t.key:<15} round {r + 1}: {res.calls_per_s:8.1f} calls/s  "
+                        f"p50 {res.p50_ms:7.2f} ms  p99 {res.p99_ms:7.2f} ms  errors {res.errors}"
+                    )
+            return out
+        finally:
+            for t in targets:
+                self.release(t)
+
+    # --- scenarios -------------------------------------------------------------------------------
+
+    def calls_phase(self) -> None:
+        """Echo at c=1 and c=16 via HTTP and stdio upstreams, the 50 ms tool at c=64, the 1 MiB result at c=4."""
+        n = self.plan.dummy_tools
+        echo = FixtureSpec(tools=n)
+        slow = FixtureSpec(tools=n, sleep_ms=50)
+        big = FixtureSpec(tools=n, result_bytes=MIB)
+        self.log("calls: starting fixtures and the gateway")
+        fx = {"h": self.fixture("echo", echo), "slow": self.fixture("slow", slow), "big": self.fixture("big", big)}
+        servers: dict[str, dict[str, Any]] = {
+            "h": {"url": fx["h"].url, **LIMITS},
+            "s": {**echo.stdio_server(), **LIMITS},
+            "slow": {"url": fx["slow"].url, **LIMITS},
+            "big": {"url": fx["big"].url, **LIMITS},
+        }
+        gw = self.gateway(servers, "calls")
+        self.wait_tools(gw, {"h__echo", "s__echo", "slow__echo", "big__echo"})
+        time.sleep(1.0)
+        self.extra["native_modules"] = {"gateway": native_modules(gw.pid), "fixture": native_modules(fx["h"].proc.pid)}
+        stdio_pid = _child_pid(gw.pid)
+        self.extra["rss_calls_gateway_idle_kib"] = rss_kib(gw.pid)
+        gw_ep = Endpoint.parse(gw.url)
+
+        def direct(name: str, check: Callable[[dict[str, Any]], None]) -> Target:
+            ep = Endpoint.parse(fx[name].url)
+            params = {"name": "echo", "arguments": {"text": ECHO_TEXT}}
+            watch = {"upstream": fx[name].proc.pid}
+            return Target("direct", ep, "tools/call", params, watch, check=check, check_body=name != "big")
+
+        def via(key: str, server: str, upstream_pid: int | None, check: Callable[[dict[str, Any]], None]) -> Target:
+            params = {"name": f"{server}__echo", "arguments": {"text": ECHO_TEXT}}
+            watch = {"gateway": gw.pid} | ({"upstream": upstream_pid} if upstream_pid else {})
+            return Target(key, gw_ep, "tools/call", params, watch, check=check, check_body=server != "big")
+
+        rss_load: list[int] = []
+        for era in ERAS:
+            for c in (1, 16):
+                targets = [
+                    direct("h", check_echo()),
+                    via("gateway http", "h", fx["h"].proc.pid, check_echo()),
+                    via("gateway stdio", "s", stdio_pid, check_echo()),
+                ]
+                res = self.alternate(f"echo c={c}", era, targets, c)
+                if c == 16:
+                    rss_load += [r.rss_max_kib.get("gateway", 0) for k in res if k != "direct" for r in res[k]]
+                self.echo_rows(era, c, res)
+            res = self.alternate(
+                "50 ms tool c=64",
+                era,
+                [direct("slow", check_echo()), via("gateway", "slow", fx["slow"].proc.pid, check_echo())],
+                64,
+            )
+            self.throughput_row(f"50 ms tool, c=64, calls/s ({era})", res, "gateway", 0.95)
+            res = self.alternate(
+                "1 MiB result c=4",
+                era,
+                [direct("big", check_echo(MIB)), via("gateway", "big", fx["big"].proc.pid, check_echo(MIB))],
+                4,
+            )
+            self.throughput_row(f"1 MiB result, c=4, calls/s ({era})", res, "gateway", 0.6)
+        self.extra["rss_calls_gateway_under_load_max_kib"] = max(rss_load, default=0)
+        self.stop(gw.proc)
+        for f in fx.values():
+            self.stop(f.proc, grace=0)
+
+    def echo_rows(self, era: str, c: int, res: dict[str, list[LoadResult]]) -> None:
+        for key, label in (("gateway http", "HTTP"), ("gateway stdio", "stdio")):
+            if c == 16:
+                goal = 0.7 if label == "HTTP" else 0.8
+                note = "" if label == "HTTP" else " (direct: HTTP fixture)"
+                self.throughput_row(f"echo via {label} upstream, c=16, calls/s{note} ({era})", res, key, goal)
+            else:
+                d = [r.p50_ms for r in res["direct"]]
+                g = [r.p50_ms for r in res[key]]
+                added = median(gv - dv for dv, gv in zip(d, g, strict=True))
+                self.rows.append(
+                    Row(
+                        f"echo via {label} upstream, c=1, p50 latency ({era})",
+                        f"{median(d):.2f} ms",
+                        f"{median(g):.2f} ms",
+                        f"+{added:.2f} ms",
+                        "≤ +0.5 ms",
+                        added <= 0.5,
+                        {"direct_value": median(d), "gateway_value": median(g), "added_ms": added, "unit": "ms"},
+                    )
+                )
+
+    def throughput_row(self, scenario: str, res: dict[str, list[LoadResult]], key: str, goal: float) -> None:
+        d = [r.calls_per_s for r in res["direct"]]
+        g = [r.calls_per_s for r in res[key]]
+        ratio = median(gv / dv for dv, gv in zip(d, g, strict=True) if dv)
+        self.rows.append(
+            Row(
+                scenario,
+                f"{median(d):.0f}",
+                f"{median(g):.0f}",
+                f"{ratio:.2f}{X}",
+                f"≥ {goal:g}{X}",
+                ratio >= goal,
+                {"direct_value": median(d), "gateway_value": median(g), "ratio_value": ratio, "unit": "calls/s"},
+            )
+        )
+
+    def twenty_phase(self) -> None:
+        """Startup with 20 stdio upstreams, idle RSS, 1000 sessions, tools/list of 1000 merged tools."""
+        p = self.plan
+        spec = FixtureSpec(tools=p.tools_per_upstream - 1)
+        names = [f"u{i:02d}" for i in range(1, p.upstreams + 1)]
+        servers = {n: {**spec.stdio_server(), "startup_timeout": 60} for n in names}
+        tool_names = ["echo", *(f"tool_{i:04d}" for i in range(1, p.tools_per_upstream))]
+        expected = {f"{n}__{t}" for n in names for t in tool_names}
+        total = len(expected)
+
+        self.log(f"startup: {p.upstreams} stdio upstreams of {p.tools_per_upstream} tools, {p.startup_rounds} rounds")
+        single = [direct_stdio_start([spec])[0] for _ in range(p.startup_rounds)]
+        direct_s: list[float] = []
+        gateway_s: list[float] = []
+        gw: Gateway | None = None
+        for r in range(p.startup_rounds):
+            times = direct_stdio_start([spec] * p.upstreams)
+            direct_s.append(max(times))
+            if gw is not None:
+                self.stop(gw.proc)
+            gw = self.gateway(servers, f"twenty-{r}")
+            gateway_s.append(self.wait_tools(gw, expected, timeout=120))
+            self.log(f"  round {r + 1}: direct (20 at once) {direct_s[-1]:.2f} s, gateway {gateway_s[-1]:.2f} s")
+        assert gw is not None
+        ratio = median(g / d for d, g in zip(direct_s, gateway_s, strict=True))
+        self.rows.append(
+            Row(
+                f"startup, {p.upstreams} stdio upstreams, until all {total} tools listed",
+                f"{median(direct_s):.2f} s",
+                f"{median(gateway_s):.2f} s",
+                f"{ratio:.2f}{X}",
+                f"≤ 1.3{X}",
+                ratio <= 1.3,
+                {
+                    "direct_value": median(direct_s),
+                    "gateway_value": median(gateway_s),
+                    "ratio_value": ratio,
+                    "unit": "s",
+                    "direct_rounds": direct_s,
+                    "gateway_rounds": gateway_s,
+                    "single_upstream_alone_s": median(single),
+                },
+            )
+        )
+
+        time.sleep(2.0)
+        idle = rss_median(gw.pid)
+        self.rows.append(
+            Row(
+                f"RSS idle, {p.upstreams} stdio upstreams (gateway process only)",
+                NA,
+                f"{idle / 1024:.1f} MiB",
+                NA,
+                "≤ 100 MiB",
+                idle / 1024 <= 100,
+                {"gateway_value": idle / 1024, "unit": "MiB"},
+            )
+        )
+        self.sessions_rows(gw, idle)
+
+        self.log("tools/list: 1000 merged tools vs one direct 1000-tool listing")
+        fx = self.fixture("list", FixtureSpec(tools=total - 1))
+        for era in ERAS:
+            targets = [
+                Target(
+                    "direct",
+                    Endpoint.parse(fx.url),
+                    "tools/list",
+                    None,
+                    {"upstream": fx.proc.pid},
+                    expect='"tools":',
+                    check=check_listing(total),
+                ),
+                Target(
+                    "gateway",
+                    Endpoint.parse(gw.url),
+                    "tools/list",
+                    None,
+                    {"gateway": gw.pid},
+                    expect='"tools":',
+                    check=check_listing(total),
+                ),
+            ]
+            res = self.alternate("tools/list 1000", era, targets, 1, p.list_duration)
+            d = [r.p50_ms for r in res["direct"]]
+            g = [r.p50_ms for r in res["gateway"]]
+            lratio = median(gv / dv for dv, gv in zip(d, g, strict=True) if dv)
+            self.rows.append(
+                Row(
+                    f"tools/list, {total} merged tools, p50 latency ({era})",
+                    f"{median(d):.2f} ms",
+                    f"{median(g):.2f} ms",
+                    f"{lratio:.2f}{X}",
+                    f"≤ 1.2{X}",
+                    lratio <= 1.2,
+                    {"direct_value": median(d), "gateway_value": median(g), "ratio_value": lratio, "unit": "ms"},
+                )
+            )
+        self.extra["rss_twenty_after_listing_load_kib"] = rss_kib(gw.pid)
+        self.stop(gw.proc)
+        self.stop(fx.proc, grace=0)
+
+    def sessions_rows(self, gw: Gateway, idle_kib: float) -> None:
+        """Open N 2025-era sessions with raw initialize requests, keep them, and read the gateway's RSS."""
+        n = self.plan.sessions
+        self.log(f"sessions: opening {n} 2025-era sessions")
+        conn = Connection(Endpoint.parse(gw.url))
+        t = time.monotonic()
+        sessions = [open_session(conn, LEGACY) for _ in range(n)]
+        opened_s = time.monotonic() - t
+        time.sleep(2.0)
+        with_sessions = rss_median(gw.pid)
+        delta = (with_sessions - idle_kib) / 1024
+        self.rows.append(
+            Row(
+                f"RSS with {n} open 2025-era sessions, over idle",
+                NA,
+                f"{with_sessions / 1024:.1f} MiB",
+                f"+{delta:.1f} MiB",
+                "≤ +30 MiB",
+                delta <= 30,
+                {"gateway_value": with_sessions / 1024, "added_mib": delta, "unit": "MiB", "open_s": opened_s},
+            )
+        )
+        # The same sessions as an SDK client holds them: each with its GET stream open.
+        streams = open_get_streams(gw, sessions)
+        time.sleep(2.0)
+        with_streams = rss_median(gw.pid)
+        delta_streams = (with_streams - idle_kib) / 1024
+        self.rows.append(
+            Row(
+                f"RSS with {n} sessions, each with its GET stream open, over idle",
+                NA,
+                f"{with_streams / 1024:.1f} MiB",
+                f"+{delta_streams:.1f} MiB",
+                "(info)",
+                None,
+                {
+                    "gateway_value": with_streams / 1024,
+                    "added_mib": delta_streams,
+                    "unit": "MiB",
+                    "streams": streams[1],
+                },
+            )
+        )
+        for c in streams[0]:
+            c.close()
+        for s in sessions:
+            close_session(conn, s)
+        conn.close()
+        time.sleep(0.5)
+
+    # --- output ----------------------------------------------------------------------------------
+
+    def finish_rows(self) -> None:
+        load = self.extra.get("rss_calls_gateway_under_load_max_kib") or 0
+        idle = self.extra.get("rss_calls_gateway_idle_kib") or 0
+        if load:
+            self.rows.append(
+                Row(
+                    "RSS under load (echo c=16, gateway with 4 upstreams), peak",
+                    NA,
+                    f"{load / 1024:.1f} MiB",
+                    f"+{(load - idle) / 1024:.1f} MiB over its idle",
+                    "(info)",
+                    None,
+                    {"gateway_value": load / 1024, "idle_mib": idle / 1024, "unit": "MiB"},
+                )
+            )
+        self.rows.append(
+            Row(
+                "errors under load (all runs, warm-ups included)",
+                str(self.errors["direct"]),
+                str(self.errors["gateway"]),
+                NA,
+                "0",
+                self.errors["gateway"] == 0,
+                {"direct_value": self.errors["direct"], "gateway_value": self.errors["gateway"]},
+            )
+        )
+
+    def report(self, elapsed: float, completed: bool) -> dict[str, Any]:
+        gen = self.generator_cpu_s * 1e6 / self.calls if self.calls else 0.0
+        return {
+            "when": datetime.now(UTC).isoformat(timespec="seconds"),
+            "plan": self.plan.__dict__,
+            "completed": completed,
+            "elapsed_s": round(elapsed, 1),
+            "machine": machine_info(),
+            "versions": self.versions_at_start,
+            "versions_changed_during_run": self.versions() != self.versions_at_start,
+            "git": git_describe(),
+            "generator": {"calls": self.calls, "cpu_s": round(self.generator_cpu_s, 3), "cpu_us_per_call": gen},
+            "rows": [r.to_json() for r in self.rows],
+            "extra": self.extra,
+            "runs": self.runs,
+        }
+
+
+def _child_pid(pid: int) -> int | None:
+    """The first child process of `pid` (the stdio upstream of a one-stdio-server gateway)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        if int(text[text.rindex(")") + 2 :].split()[1]) == pid:
+            return int(stat.parent.name)
+    return None
+
+
+def readyz_all_up(port: int) -> bool | None:
+    """True when /readyz lists every server up with tools, False while some are not, None if it can't tell."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        conn.request("GET", "/readyz")
+        body = json.loads(conn.getresponse().read())
+        servers = body.get("servers")
+        if not isinstance(servers, list) or not servers:
+            return None
+        return all(s.get("state") == "up" and s.get("tools", 0) > 0 for s in servers)
+    except (OSError, ValueError, AttributeError, http.client.HTTPException):
+        return None
+    finally:
+        conn.close()
+
+
+def rss_median(pid: int, samples: int = 5, interval: float = 0.2) -> float:
+    values = []
+    for _ in range(samples):
+        v = rss_kib(pid)
+        if v is not None:
+            values.append(v)
+        time.sleep(interval)
+    return median(values)
+
+
+def direct_stdio_start(specs: list[FixtureSpec], timeout: float = 60.0) -> list[float]:
+    """Start stdio fixtures all at once, handshake each (server/discover, tools/list), and return the seconds
+    from the first spawn until each one's full listing arrived."""
+    meta = {META_VERSION: MODERN, META_CLIENT_INFO: CLIENT_INFO, META_CAPABILITIES: {}}
+    msgs = [
+        {"jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": {"_meta": meta}},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {"_meta": meta}},
+    ]
+    payload = "".join(json.dumps(m) + "\n" for m in msgs).encode()
+    sel = selectors.DefaultSelector()
+    procs: list[subprocess.Popen[bytes]] = []
+    t0 = time.monotonic()
+    done: dict[int, float] = {}
+    buffers: dict[int, bytes] = {}
+    try:
+        for i, spec in enumerate(specs):
+            p = subprocess.Popen(
+                spec.stdio_command(),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+            assert p.stdin is not None and p.stdout is not None
+            p.stdin.write(payload)
+            p.stdin.flush()
+            os.set_blocking(p.stdout.fileno(), False)
+            sel.register(p.stdout, selectors.EVENT_READ, i)
+            buffers[i] = b""
+            procs.append(p)
+        while len(done) < len(specs):
+            if time.monotonic() - t0 > timeout:
+                raise TimeoutError(f"only {len(done)} of {len(specs)} stdio fixtures listed within {timeout} s")
+            for key, _ in sel.select(timeout=1.0):
+                i = key.data
+                chunk = key.fileobj.read()  # type: ignore[union-attr]
+                if not chunk:
+                    sel.unregister(key.fileobj)
+                    if i not in done:
+                        raise RuntimeError(f"stdio fixture {i} closed its output before listing")
+                    continue
+                buffers[i] += chunk
+                while b"\n" in buffers[i]:
+                    line, buffers[i] = buffers[i].split(b"\n", 1)
+                    msg = json.loads(line)
+                    if msg.get("id") == 2:
+                        n = len(msg.get("result", {}).get("tools", []))
+                        if n != spec_tools(specs[i]):
+                            raise RuntimeError(f"stdio fixture {i} listed {n} tools: {line[:200]!r}")
+                        done[i] = time.monotonic() - t0
+                        sel.unregister(key.fileobj)
+                        break
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
+            for stream in (p.stdin, p.stdout):
+                if stream is not None:
+                    stream.close()
+        sel.close()
+    return [done[i] for i in range(len(specs))]
+
+
+def spec_tools(spec: FixtureSpec) -> int:
+    return spec.tools + 1
+
+
+def open_get_streams(gw: Gateway, sessions: list[Session]) -> tuple[list[http.client.HTTPConnection], int]:
+    """Open each session's standalone GET SSE stream (as the SDK client does) and keep the connections."""
+    conns = []
+    ok = 0
+    for s in sessions:
+        c = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=10)
+        try:
+            c.request("GET", "/mcp", headers={"Accept": ACCEPT.split(", ")[1], **s.headers})
+            resp = c.getresponse()
+            if resp.status == 200:
+                ok += 1
+        except (OSError, http.client.HTTPException):
+            pass
+        conns.append(c)
+    return conns, ok
+
+
+def git_describe() -> dict[str, Any]:
+    def git(*args: str) -> str:
+        out = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=False)
+        return out.stdout.strip()
+
+    return {"commit": git("rev-parse", "--short", "HEAD"), "dirty": bool(git("status", "--porcelain", "gateway"))}
+
+
+# --- output files -----------------------------------------------------------------------------------
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The results as markdown: the table, the machine, and every run."""
+    m = report["machine"]
+    v = report["versions"]
+    g = report["generator"]
+    lines = [
+        f"### Manifold benchmark ({report['plan']['name']} run, {report['when']})",
+        "",
+        f"Machine: {m['nproc']} cores, {m['cpu_model']}, {m['memory_gib']} GiB, Python {m['python']}, "
+        f"load average at start {m['load_average_at_start']}. mcp {v['mcp']}, uvicorn {v['uvicorn']}, "
+        f"uvloop {v['uvloop']}, httptools {v['httptools']}, {v['wrk']}. Gateway at {report['git']['commit']}"
+        f"{' (with uncommitted gateway changes)' if report['git']['dirty'] else ''}. "
+        f"Took {report['elapsed_s']:.0f} s{'' if report['completed'] else ' (INCOMPLETE)'}."
+        + _native_note(report)
+        + (" **Installed packages changed during the run.**" if report.get("versions_changed_during_run") else ""),
+        "",
+        "| scenario | direct | gateway | ratio | target | met? |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in report["rows"]:
+        met = NA if r["met"] is None else ("yes" if r["met"] else "**no**")
+        lines.append(f"| {r['scenario']} | {r['direct']} | {r['gateway']} | {r['ratio']} | {r['target']} | {met} |")
+    lines += [
+        "",
+        "Ratios are medians of per-round ratios; each round runs the direct fixture and then the gateway "
+        f"({report['plan']['rounds']} rounds of {report['plan']['duration']:g} s per scenario and era, after a "
+        "warm-up). The stdio rows compare the gateway over a stdio upstream with the HTTP fixture called "
+        "directly. The startup baseline starts the same 20 stdio fixtures at once without the gateway and "
+        "waits for the slowest listing. Load generator (wrk + Lua): "
+        f"{g['cpu_us_per_call']:.0f} µs of its own CPU per call over {g['calls']} calls.",
+        "",
+        "Medians over the rounds, per target (CPU per call from /proc of each process; the upstream of the "
+        "gateway stdio rows is the stdio child, of the direct rows the HTTP fixture):",
+        "",
+        "| scenario | era | target | calls/s | p50 ms | p99 ms | gateway CPU ms/call | upstream CPU ms/call "
+        "| wrk CPU µs/call |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for r in report["runs"]:
+        groups.setdefault((r["scenario"], r["era"], r["target"]), []).append(r)
+    for (scenario, era, target), runs in groups.items():
+
+        def med(f: Callable[[dict[str, Any]], float | None], rs: list[dict[str, Any]] = runs) -> float | None:
+            values = [v for v in map(f, rs) if v is not None]
+            return median(values) if values else None
+
+        lines.append(
+            f"| {scenario} | {era} | {target} | {_fmt(med(lambda r: r['calls_per_s']), 0)} "
+            f"| {_fmt(med(lambda r: r['p50_ms']))} | {_fmt(med(lambda r: r['p99_ms']))} "
+            f"| {_fmt(med(lambda r: r['cpu_ms_per_call'].get('gateway')))} "
+            f"| {_fmt(med(lambda r: r['cpu_ms_per_call'].get('upstream')))} "
+            f"| {_fmt(med(lambda r: r['generator_cpu_us_per_call']), 0)} |"
+        )
+    lines += [
+        "",
+        "<details><summary>Every run</summary>",
+        "",
+        "| scenario | era | target | round | calls/s | p50 ms | p90 ms | p99 ms | max ms | gateway CPU ms/call "
+        "| upstream CPU ms/call | wrk CPU µs/call | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in report["runs"]:
+        cpu = r["cpu_ms_per_call"]
+        lines.append(
+            f"| {r['scenario']} | {r['era']} | {r['target']} | {r['round'] + 1} | {r['calls_per_s']:.0f} "
+            f"| {r['p50_ms']:.2f} | {r['p90_ms']:.2f} | {r['p99_ms']:.2f} | {r['max_ms']:.1f} "
+            f"| {_fmt(cpu.get('gateway'))} | {_fmt(cpu.get('upstream'))} | {r['generator_cpu_us_per_call']:.0f} "
+            f"| {r['errors']} |"
+        )
+    lines += ["", "</details>", ""]
+    return "\n".join(lines)
+
+
+def _native_note(report: dict[str, Any]) -> str:
+    native = report["extra"].get("native_modules")
+    if not native:
+        return ""
+    parts = [f"{who}: {', '.join(k for k, v in mods.items() if v) or 'none'}" for who, mods in native.items()]
+    return f" Compiled speedups loaded ({'; '.join(parts)})."
+
+
+def _fmt(v: float | None, digits: int = 2) -> str:
+    return NA if v is None else f"{v:.{digits}f}"
+
+
+def write_results(report: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    name = "latest" if report["plan"]["name"] == "full" else report["plan"]["name"]
+    json_path = out_dir / f"{name}.json"
+    md_path = out_dir / f"{name}.md"
+    json_path.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+    md_path.write_text(markdown(report))
+    return json_path, md_path
+
+
+# --- profile ----------------------------------------------------------------------------------------
+
+
+def profile(out_dir: Path, duration: float = 8.0) -> None:
+    """py-spy on the gateway while wrk drives echo c=16 through an HTTP upstream, in each era."""
+    py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(py_spy).exists():
+        raise SystemExit("py-spy is not installed: `pip install py-spy`")
+    bench = Bench(QUICK, out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        fx = bench.fixture("echo", FixtureSpec(tools=10))
+        gw = bench.gateway({"h": {"url": fx.url, **LIMITS}}, "profile")
+        bench.wait_tools(gw, {"h__echo"})
+        params = {"name": "h__echo", "arguments": {"text": ECHO_TEXT}}
+        summary = []
+        for era in ERAS:
+            target = Target("gateway http", Endpoint.parse(gw.url), "tools/call", params, {"gateway": gw.pid})
+            bench.prepare(target, era, 16)
+            bench.load(target, 16, 1)
+            tag = "2025" if era == LEGACY else "2026"
+            svg = out_dir / f"profile-{tag}.svg"
+            raw = out_dir / f"profile-{tag}.txt"
+            for fmt, path in (("flamegraph", svg), ("raw", raw)):
+                # blocking sampling (the default) pauses the gateway per sample but gives whole stacks
+                cmd = [py_spy, "record", "--pid", str(gw.pid), "--duration", f"{duration:g}", "--rate", "200"]
+                cmd += ["--format", fmt, "--output", str(path)]
+                spy = subprocess.Popen(
+                    cmd,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                )
+                res = bench.load(target, 16, duration + 1)
+                _, err = spy.communicate()
+                if spy.returncode != 0:
+                    raise RuntimeError(f"py-spy failed: {err.decode(errors='replace')[-500:]}")
+                bench.log(f"  {era} {fmt}: {res.calls_per_s:.0f} calls/s, gateway {res.cpu_ms_per_call} ms CPU/call")
+            summary.append(f"## {era}\n\n{hotspots(raw)}")
+            bench.release(target)
+        (out_dir / "profile.md").write_text("\n".join(summary))
+        print("\n".join(summary))
+    finally:
+        bench.stop_all()
+
+
+def hotspots(raw: Path, top: int = 25) -> str:
+    """Self and inclusive shares per function from py-spy's collapsed stacks."""
+    self_n: dict[str, int] = {}
+    incl_n: dict[str, int] = {}
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        total += n
+        frames = [_frame(f) for f in stack.split(";")]
+        if frames:
+            self_n[frames[-1]] = self_n.get(frames[-1], 0) + n
+        for f in set(frames):
+            incl_n[f] = incl_n.get(f, 0) + n
+    if not total:
+        return "(no samples)"
+    by_package: dict[str, int] = {}
+    for f, n in self_n.items():
+        by_package[_package(f)] = by_package.get(_package(f), 0) + n
+    out = [f"{total} samples (CPU only, idle excluded).", "", "| self % | package |", "|---|---|"]
+    for pkg, n in sorted(by_package.items(), key=lambda kv: -kv[1]):
+        out.append(f"| {100 * n / total:.1f} | {pkg} |")
+    out += ["", "| self % | function |", "|---|---|"]
+    for f, n in sorted(self_n.items(), key=lambda kv: -kv[1])[:top]:
+        out.append(f"| {100 * n / total:.1f} | `{f}` |")
+    out += ["", "| inclusive % | function |", "|---|---|"]
+    for f, n in sorted(incl_n.items(), key=lambda kv: -kv[1])[: top * 2]:
+        out.append(f"| {100 * n / total:.1f} | `{f}` |")
+    return "\n".join(out) + "\n"
+
+
+def _package(frame: str) -> str:
+    """The package a frame belongs to, from its shortened path (`mcp/server/x.py` -> `mcp.server`)."""
+    _, _, where = frame.partition(" (")
+    parts = where.rstrip(")").split("/")
+    if len(parts) == 1:
+        return parts[0].removesuffix(".py") or "?"
+    if parts[0] == "mcp" and len(parts) > 2:
+        return f"mcp.{parts[1]}"
+    return parts[0]
+
+
+def _frame(f: str) -> str:
+    """`func (path/to/file.py:123)` -> `func (pkg/file.py)`: lines merged, paths shortened."""
+    name, _, where = f.partition(" (")
+    where = where.rstrip(")")
+    path = where.rsplit(":", 1)[0]
+    for marker in ("site-packages/", "/work/main/", "lib/python3.11/"):
+        if marker in path:
+            path = path.split(marker, 1)[1]
+            break
+    return f"{name} ({path})" if path else name
+
+
+# --- entry point ------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="a short smoke run (figures not comparable)")
+    parser.add_argument("--profile", action="store_true", help="py-spy the gateway under echo c=16 via HTTP")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="results directory (default bench/results)")
+    parser.add_argument("--only", choices=["calls", "twenty"], help="run one phase only")
+    args = parser.parse_args(argv)
+    if args.profile:
+        profile(args.out)
+        return 0
+    plan = QUICK if args.quick else FULL
+    bench = Bench(plan, args.out)
+    started = time.monotonic()
+    completed = False
+    print(f"bench: {plan.name} run; logs and configs in {bench.workdir}")
+    try:
+        if args.only in (None, "calls"):
+            bench.calls_phase()
+        if args.only in (None, "twenty"):
+            bench.twenty_phase()
+        completed = True
+    finally:
+        bench.stop_all()
+        bench.finish_rows()
+        report = bench.report(time.monotonic() - started, completed)
+        json_path, md_path = write_results(report, args.out)
+        print()
+        print(markdown(report).split("<details>")[0])
+        print(f"bench: wrote {json_path.relative_to(REPO)} and {md_path.relative_to(REPO)}")
+    return 0 if completed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
