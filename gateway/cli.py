@@ -113,7 +113,7 @@ async def _tools(settings: Settings, config: FileConfig, as_json: bool) -> int:
     from gateway.upstream import State
 
     configure("warning", "console")
-    registry = Registry(config.servers)
+    registry = Registry(config.servers, credentials=settings.credentials)
     async with registry.running():
         await registry.wait_settled(max((s.startup_timeout for s in config.servers), default=0) + 2)
         rows: list[dict[str, Any]] = [
