@@ -68,10 +68,10 @@ def _one(**options) -> dict:
     return {"servers": {"x": options}}
 
 
-# --- the issue's YAML shape ---------------------------------------------------------------
+# --- the documented YAML shape ---------------------------------------------------------------
 
 
-def test_issue_yaml_shape(tmp_path):
+def test_documented_yaml_shape(tmp_path):
     path = tmp_path / "manifold.yaml"
     path.write_text(ISSUE_YAML)
     config = load_config(path)
