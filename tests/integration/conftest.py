@@ -179,6 +179,25 @@ async def connect(
                 yield EraClient(s)
 
 
+async def wait_until(predicate: Callable[[], bool], timeout: float = 15, what: str = "condition") -> None:
+    """Poll `predicate` until it holds, or fail naming `what`."""
+    with anyio.move_on_after(timeout):
+        while not predicate():
+            await anyio.sleep(0.05)
+        return
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def initialize_body(version: str = "2025-11-25") -> dict[str, Any]:
+    """A raw `initialize` request."""
+    return {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {"protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+    }
+
+
 class Changes:
     """Counts `tools/list_changed` notices a downstream client receives."""
 

@@ -19,7 +19,15 @@ import pytest
 import yaml
 
 from tests.fixtures.servers import free_port, run_http_fixture, stdio_spec
-from tests.integration.conftest import ROOT, Gateway, connect, group_alive, run_gateway, upstream_pids
+from tests.integration.conftest import (
+    ROOT,
+    Gateway,
+    connect,
+    group_alive,
+    run_gateway,
+    upstream_pids,
+    wait_until,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -44,14 +52,6 @@ ENV = {"MANIFOLD_TEST_ADMIN": TOKEN, "MANIFOLD_TEST_CRED": SECRET}
 
 def api(gw: Gateway, method: str, path: str, **kwargs: Any) -> httpx2.Response:
     return httpx2.request(method, f"{gw.base}{path}", headers=kwargs.pop("headers", AUTH), timeout=30, **kwargs)
-
-
-async def wait_until(predicate, timeout: float = 15, what: str = "condition") -> None:
-    with anyio.move_on_after(timeout):
-        while not predicate():
-            await anyio.sleep(0.1)
-        return
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def server_state(gw: Gateway, name: str) -> str | None:

@@ -6,14 +6,13 @@ import hashlib
 import json
 import shutil
 from pathlib import Path
-from typing import Any
 
 import httpx2
 import pytest
 from mcp import MCPError
 
 from tests.fixtures.servers import run_http_fixture, stdio_spec
-from tests.integration.conftest import ERAS, THIRDPARTY, connect, run_gateway
+from tests.integration.conftest import ERAS, THIRDPARTY, connect, initialize_body, run_gateway
 
 pytestmark = pytest.mark.anyio
 
@@ -219,16 +218,7 @@ async def test_npm_servers_behind_the_gateway(tmp_path: Path, era: str) -> None:
 )
 def test_host_and_origin_checks(tmp_path: Path, headers: dict[str, str], status: int) -> None:
     with run_gateway(tmp_path, {"servers": {}, "allowed_hosts": ["manifold:*"]}) as gw:
-        body: dict[str, Any] = {
-            "jsonrpc": "2.0",
-            "id": 1,
-            "method": "initialize",
-            "params": {
-                "protocolVersion": "2025-11-25",
-                "capabilities": {},
-                "clientInfo": {"name": "t", "version": "1"},
-            },
-        }
+        body = initialize_body()
         response = httpx2.post(
             gw.url,
             json=body,

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.fixtures.servers import stdio_spec
-from tests.integration.conftest import Gateway, run_gateway
+from tests.integration.conftest import Gateway, initialize_body, run_gateway
 
 TOKEN = "hostile-test-token-abcdef0123"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -172,19 +172,7 @@ def test_bidi_and_control_characters_in_tool_names_are_unknown_tools(gateway: Ga
     text = response.text.replace(" ", "")
     # Either the routing header cannot carry the name (-32020) or the name is unknown (-32602).
     assert '"code":-32602' in text or '"code":-32020' in text, text
-    opened = _post(
-        gateway,
-        {
-            "jsonrpc": "2.0",
-            "id": 1,
-            "method": "initialize",
-            "params": {
-                "protocolVersion": "2025-11-25",
-                "capabilities": {},
-                "clientInfo": {"name": "t", "version": "1"},
-            },
-        },
-    )
+    opened = _post(gateway, initialize_body())
     session = {"Mcp-Session-Id": opened.headers["mcp-session-id"], "MCP-Protocol-Version": "2025-11-25"}
     _post(gateway, {"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=session)
     legacy = {"name": f"fx__echo{BIDI}", "arguments": {"text": "x"}}

@@ -14,7 +14,7 @@ from mcp import MCPError
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fixtures.servers import free_port, run_http_fixture, stdio_spec
-from tests.integration.conftest import Gateway, connect, run_gateway, upstream_pids
+from tests.integration.conftest import Gateway, connect, run_gateway, upstream_pids, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -35,12 +35,6 @@ def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 def value(samples, name: str, **labels: str) -> float:
     return float(samples[(name, tuple(sorted(labels.items())))])
-
-
-async def _until(predicate, timeout: float = 20) -> None:
-    with anyio.fail_after(timeout):
-        while not predicate():
-            await anyio.sleep(0.1)
 
 
 async def test_metrics_follow_a_server_down_and_up(tmp_path: Path) -> None:
@@ -77,13 +71,13 @@ async def test_metrics_follow_a_server_down_and_up(tmp_path: Path) -> None:
             assert value(m, "manifold_downstream_requests_total", method="tools/call") == 4
 
             os.kill(upstream_pids(gw, "fx")[0], signal.SIGKILL)
-            await _until(lambda: value(scrape(metrics), "manifold_upstream_up", server="fx") == 0)
+            await wait_until(lambda: value(scrape(metrics), "manifold_upstream_up", server="fx") == 0)
             m = scrape(metrics)
             assert value(m, "manifold_upstream_tools", server="fx") == 0
             assert value(m, "manifold_catalog_tools") == 0
             assert value(m, "manifold_tools_changes_total", server="fx") == 2
 
-            await _until(lambda: value(scrape(metrics), "manifold_upstream_up", server="fx") == 1)
+            await wait_until(lambda: value(scrape(metrics), "manifold_upstream_up", server="fx") == 1)
             m = scrape(metrics)
             assert value(m, "manifold_upstream_tools", server="fx") == 3
             assert value(m, "manifold_upstream_connects_total", server="fx", outcome="ok") == 2
@@ -157,7 +151,7 @@ async def test_secrets_never_reach_logs_metrics_or_readyz(tmp_path: Path) -> Non
                 assert env_seen["FIXTURE_SECRET"] == SECRET, "the env value is passed"
                 with pytest.raises(MCPError):
                     await client.call("gone__anything", {})
-            await _until(lambda: "gone" in gw.log())
+            await wait_until(lambda: "gone" in gw.log())
             text = _everything_text(gw)
             assert SECRET not in text
             assert "5ecret" not in text

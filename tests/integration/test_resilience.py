@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import socket
@@ -22,18 +23,11 @@ from tests.integration.conftest import (
     group_alive,
     run_gateway,
     upstream_pids,
+    wait_until,
     watch_changes,
 )
 
 pytestmark = pytest.mark.anyio
-
-
-async def _wait(predicate, timeout: float = 15.0, what: str = "condition") -> None:
-    with anyio.move_on_after(timeout):
-        while not predicate():
-            await anyio.sleep(0.05)
-        return
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.mark.parametrize("era", ERAS)
@@ -126,7 +120,7 @@ async def test_hung_upstream_times_out_is_cancelled_and_does_not_slow_others(tmp
         assert 1.8 < outcome["took"] < 5
         assert len(latencies) >= 5
         assert max(latencies) < 0.5, latencies
-        await _wait(lambda: cancel_file.exists() and "cancelled" in cancel_file.read_text(), 5, "upstream cancel")
+        await wait_until(lambda: cancel_file.exists() and "cancelled" in cancel_file.read_text(), 5, "upstream cancel")
 
 
 async def test_progress_restarts_the_clock(tmp_path: Path) -> None:
@@ -209,7 +203,7 @@ async def test_garbage_http_upstream_is_down_others_serve(tmp_path: Path) -> Non
             async with connect(gw.url, "2026-07-28") as client:
                 names = await client.wait_for(lambda n: "fx__echo" in n)
                 assert not [n for n in names if n.startswith("bad__")]
-            await _wait(
+            await wait_until(
                 lambda: httpx2.get(f"{gw.base}/readyz").json()["servers"][0]["error"] is not None, 10, "bad error"
             )
 
@@ -344,7 +338,7 @@ async def test_expired_http_session_is_reinitialised_transparently(tmp_path: Pat
     port = free_port()
     upstream = _everything_http(port)
     try:
-        await _wait(lambda: _port_open(port), 15, "server-everything to listen")
+        await wait_until(lambda: _port_open(port), 15, "server-everything to listen")
         config = {"servers": {"ev": {"url": f"http://127.0.0.1:{port}/mcp"}}}
         with run_gateway(tmp_path, config) as gw:
             async with connect(gw.url, "2026-07-28") as client:
@@ -354,7 +348,7 @@ async def test_expired_http_session_is_reinitialised_transparently(tmp_path: Pat
                 os.killpg(upstream.pid, signal.SIGKILL)
                 upstream.wait()
                 upstream = _everything_http(port)
-                await _wait(lambda: _port_open(port), 15, "server-everything to listen again")
+                await wait_until(lambda: _port_open(port), 15, "server-everything to listen again")
                 with anyio.fail_after(30):
                     while True:
                         result = await client.call("ev__get-sum", {"a": 1, "b": 2})
@@ -370,6 +364,10 @@ async def test_expired_http_session_is_reinitialised_transparently(tmp_path: Pat
 def _port_open(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _says_cancelled(path: Path) -> bool:
+    return path.exists() and "cancelled" in path.read_text()
 
 
 @pytest.mark.parametrize("era", ERAS)
@@ -388,5 +386,5 @@ async def test_a_downstream_cancel_cancels_the_upstream_call(tmp_path: Path, era
                 for tool, path in (("fx__hang", Path(str(cancel_file) + ".stdio")), ("web__hang", cancel_file)):
                     with anyio.move_on_after(1.0):
                         await client.call(tool)
-                    await _wait(lambda p=path: p.exists() and "cancelled" in p.read_text(), 10, f"{tool} cancel")
+                    await wait_until(functools.partial(_says_cancelled, path), 10, f"{tool} cancel")
                 assert (await client.call("fx__echo", {"text": "after"})).content[0].text == "after"

@@ -16,7 +16,7 @@ import pytest
 from mcp import MCPError, types
 
 from tests.fixtures.servers import free_port, run_http_fixture, stdio_spec
-from tests.integration.conftest import ERAS, ROOT, connect, run_gateway, watch_changes
+from tests.integration.conftest import ERAS, ROOT, connect, initialize_body, run_gateway, watch_changes
 
 pytestmark = pytest.mark.anyio
 
@@ -41,15 +41,6 @@ def tokens(**extra: Any) -> list[dict[str, Any]]:
 
 def secured(**extra: Any) -> dict[str, Any]:
     return {"auth": {"tokens": tokens()}, "servers": {"fx": stdio_spec(), "other": stdio_spec()}, **extra}
-
-
-def initialize_body(version: str = "2025-11-25") -> dict[str, Any]:
-    return {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "initialize",
-        "params": {"protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
-    }
 
 
 def post(url: str, body: Any, headers: dict[str, str] | None = None, content: bytes | None = None) -> httpx2.Response:
