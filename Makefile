@@ -38,5 +38,8 @@ unit: setup
 test: setup system-deps tests/thirdparty/node_modules/.installed lint  ## set up and run every check and test
 	$(BIN)/pytest -q
 
+bench: setup  ## run the benchmark (under 10 min on 2 cores); results in bench/results/latest.md and latest.json
+	$(BIN)/python -m bench $(BENCH_ARGS)
+
 clean:
 	rm -rf $(VENV) tests/thirdparty/node_modules .pytest_cache .mypy_cache .ruff_cache

@@ -47,7 +47,8 @@ def ensure_wrk() -> str:
 def wrk_version(wrk: str) -> str:
     """wrk's version line."""
     out = subprocess.run([wrk, "--version"], capture_output=True, text=True, check=False)
-    return (out.stdout or out.stderr).splitlines()[0].strip() if (out.stdout or out.stderr) else "?"
+    text = out.stdout or out.stderr
+    return text.splitlines()[0].split(" Copyright")[0].strip() if text else "?"
 
 
 @dataclass
