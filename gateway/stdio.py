@@ -98,6 +98,7 @@ async def stdio_transport(
     async def stdout_reader() -> None:
         assert process.stdout is not None
         buffer = b""
+        garbage_budget = TokenBucket(1.0, 10)
         async with read_writer:
             with suppress(anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
                 async for chunk in process.stdout:
@@ -111,7 +112,7 @@ async def stdio_transport(
                     for line in lines:
                         if line.strip():
                             item = parse_line(line)
-                            if isinstance(item, Exception):
+                            if isinstance(item, Exception) and garbage_budget.take() == 0:
                                 log.warning("upstream wrote a line that is not JSON-RPC", server=server)
                             await read_writer.send(item)
 
