@@ -113,7 +113,8 @@ async def call_with_retries(
             await anyio.sleep(delay * random.uniform(0.8, 1.2))
             delay = min(delay * 2, policy.max_delay)
             attempt += 1
-            await upstream.wait_up(upstream.spec.startup_timeout)
+            # A server that is reconnecting gets a moment, bounded so a dead one fails the call soon.
+            await upstream.wait_up(min(upstream.spec.startup_timeout, policy.max_delay))
 
 
 CONFIRM_KEY = "manifold/confirm"

@@ -244,7 +244,8 @@ async def test_http_upstream_restart_is_reconnected(tmp_path: Path) -> None:
                 assert "server 'web'" in down.content[0].text
                 with run_http_fixture(name="web", port=port) as again:
                     assert again.port == port
-                    await client.wait_for(lambda n: "web__echo" in n, timeout=30)
+                    # Backoff may have grown while it was down: the next attempt can be ~30 s away.
+                    await client.wait_for(lambda n: "web__echo" in n, timeout=60)
                     await _wait_call_ok(client)
 
 
