@@ -15,6 +15,11 @@ set -euo pipefail
 export MANIFOLD_TOKEN="ci-token-$RANDOM$RANDOM$RANDOM"
 cd "$(dirname "$0")/.."
 ROOT=$PWD
+if [ -z "${MANIFOLD_SHARED:-}" ]; then
+  for candidate in "$ROOT/../shared" "$ROOT/../../shared" "$PWD/../shared"; do
+    if [ -f "$candidate/container/podman-up.sh" ]; then MANIFOLD_SHARED=$candidate; break; fi
+  done
+fi
 SHARED=${MANIFOLD_SHARED:-$ROOT/../shared}
 [ -f "$SHARED/container/podman-up.sh" ] || { echo "FAIL: no $SHARED/container/podman-up.sh (set MANIFOLD_SHARED)"; exit 1; }
 SHARED=$(cd "$SHARED" && pwd)
