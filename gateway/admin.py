@@ -5,7 +5,6 @@ from __future__ import annotations
 import hmac
 import json
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
 from typing import Any
 
 from starlette.requests import Request
@@ -14,7 +13,7 @@ from starlette.routing import Route
 
 from gateway.registry import Registry
 from gateway.runtime import Runtime, RuntimeError_
-from gateway.upstream import State, Upstream
+from gateway.upstream import Upstream
 
 Handler = Callable[[Request], Awaitable[Response]]
 MAX_BODY = 64 * 1024
@@ -32,15 +31,7 @@ def error(status: int, message: str, errors: list[str] | None = None) -> JSONRes
 def describe_server(upstream: Upstream, registry: Registry, *, with_tools: bool = False) -> dict[str, Any]:
     """A server as the admin API shows it: never its headers, env or credential values."""
     spec = upstream.spec
-    body: dict[str, Any] = {
-        "name": upstream.name,
-        "source": upstream.source,
-        "transport": spec.kind,
-        "state": upstream.state.value,
-        "tools": len(upstream.tools) if upstream.state is State.UP else 0,
-        "error": upstream.error,
-        "since": datetime.fromtimestamp(upstream.since, UTC).isoformat(timespec="seconds"),
-    }
+    body: dict[str, Any] = {**upstream.status(), "source": upstream.source, "transport": spec.kind}
     if spec.url is not None and upstream.source == "runtime":
         body["url"] = spec.url
     if spec.credential is not None:

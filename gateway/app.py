@@ -7,7 +7,6 @@ import signal
 import socket
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime
 
 import anyio
 import uvicorn
@@ -53,14 +52,7 @@ def transport_security(settings: Settings) -> TransportSecuritySettings:
 def server_status(registry: Registry) -> list[dict[str, object]]:
     """Each server's state, tool count, last error and since when (ISO 8601), sorted by name."""
     return [
-        {
-            "name": up.name,
-            "state": up.state.value,
-            "required": up.spec.required,
-            "tools": len(up.tools) if up.state is State.UP else 0,
-            "error": up.error,
-            "since": datetime.fromtimestamp(up.since, UTC).isoformat(timespec="seconds"),
-        }
+        {**up.status(), "required": up.spec.required}
         for up in sorted(registry.upstreams.values(), key=lambda u: u.name)
     ]
 

@@ -106,6 +106,8 @@ def views_for(tokens: Iterable[TokenSpec]) -> list[View]:
 
 def nesting_depth_exceeds(body: bytes, limit: int) -> bool:
     """Whether JSON text nests arrays/objects deeper than `limit` (strings are skipped)."""
+    if body.count(b"[") + body.count(b"{") <= limit:
+        return False  # too few brackets to nest that deep: skip the byte-by-byte scan
     depth = 0
     in_string = escaped = False
     for byte in body:

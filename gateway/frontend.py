@@ -118,8 +118,7 @@ class Frontend:
     async def drain(self, timeout: float) -> None:
         """Refuse new calls, close listen streams, and let calls in flight finish (up to `timeout` s)."""
         self.draining = True
-        for channel in self._channels.values():
-            channel.handler.close()
+        self.close_listen_streams()
         if self.calls_in_flight:
             log.info("draining calls in flight", calls=self.calls_in_flight, timeout_s=timeout)
             self._calls_done = anyio.Event()

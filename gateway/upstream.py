@@ -15,6 +15,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from contextvars import ContextVar
+from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Self, cast
 
@@ -216,7 +217,6 @@ class Upstream:
         self._reconnect_now = False
         self._limiter = anyio.CapacityLimiter(spec.max_concurrent)
         self._queued = 0
-        self.in_flight = 0
 
     async def run(self) -> None:
         """The owner task: connect, serve, reconnect with backoff, until cancelled."""
@@ -387,9 +387,15 @@ class Upstream:
             await anyio.sleep(interval)
             self._refresh_wanted.set()
 
-    def refresh(self) -> None:
-        """Ask for the tools to be listed again soon."""
-        self._refresh_wanted.set()
+    def status(self) -> dict[str, Any]:
+        """State, tool count, last error (secret-free) and since when (ISO 8601), as the HTTP endpoints show them."""
+        return {
+            "name": self.name,
+            "state": self.state.value,
+            "tools": len(self.tools) if self.state is State.UP else 0,
+            "error": self.error,
+            "since": datetime.fromtimestamp(self.since, UTC).isoformat(timespec="seconds"),
+        }
 
     async def wait_up(self, timeout: float) -> bool:
         """Wait up to `timeout` seconds for the server to be up; True if it is."""
@@ -453,13 +459,11 @@ class Upstream:
             finally:
                 self._queued -= 1
             acquired = True
-            self.in_flight += 1
             try:
                 return await send_raw(session, request, progress=on_progress)
             except MCPError as e:
                 raise self._failure(e) from None
             finally:
-                self.in_flight -= 1
                 self._limiter.release()
         if not acquired:
             raise CallFailed(
