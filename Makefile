@@ -35,8 +35,12 @@ lint: setup
 unit: setup
 	$(BIN)/pytest tests/unit -q
 
+SDK_PATH_TESTS = tests/integration/test_gateway.py tests/integration/test_resilience.py tests/integration/test_security.py
+
 test: setup system-deps tests/thirdparty/node_modules/.installed lint  ## set up and run every check and test
 	$(BIN)/pytest -q
+	@echo "the same conformance tests with the fast path off (every request through the SDK's stacks):"
+	MANIFOLD_FAST_PATH=false $(BIN)/pytest -q $(SDK_PATH_TESTS)
 
 bench: setup  ## run the benchmark (under 10 min on 2 cores); results in bench/results/latest.md and latest.json
 	$(BIN)/python -m bench $(BENCH_ARGS)

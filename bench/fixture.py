@@ -19,9 +19,11 @@ from the project.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib.util
+import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import mcp.types as types
@@ -116,11 +118,51 @@ def serve_http(server: Server[Any], host: str, port: int) -> None:
     )
 
 
+class _PipeLines:
+    """stdin as an async iterator of text lines, read on the event loop (not in a worker thread)."""
+
+    def __init__(self, reader: asyncio.StreamReader) -> None:
+        self._reader = reader
+
+    def __aiter__(self) -> _PipeLines:
+        return self
+
+    async def __anext__(self) -> str:
+        line = await self._reader.readline()
+        if not line:
+            raise StopAsyncIteration
+        return line.decode()
+
+
+class _PipeWriter:
+    """stdout as the async text file the SDK's stdio server writes to, on the event loop."""
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self._writer = writer
+
+    async def write(self, text: str) -> None:
+        self._writer.write(text.encode())
+
+    async def flush(self) -> None:
+        await self._writer.drain()
+
+
 async def serve_stdio(server: Server[Any]) -> None:
-    """Serve one connection on stdin/stdout."""
+    """Serve one connection on stdin/stdout.
+
+    The SDK's `stdio_server` reads and writes the real stdin/stdout through worker threads (a thread hop
+    per line); handing it pipe streams on the event loop keeps the fixture's own cost per call low, so the
+    gateway's stdio rows measure the gateway.
+    """
     from mcp.server.stdio import stdio_server
 
-    async with stdio_server() as (read_stream, write_stream):
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=64 * 1024 * 1024)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(0, "rb", 0))
+    transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, os.fdopen(1, "wb", 0))
+    writer = asyncio.StreamWriter(transport, protocol, None, loop)
+    lines, out = cast(Any, _PipeLines(reader)), cast(Any, _PipeWriter(writer))
+    async with stdio_server(lines, out) as (read_stream, write_stream):
         await server.run(read_stream, write_stream, server.create_initialization_options())
 
 
@@ -139,7 +181,7 @@ def main() -> None:
     if args.transport == "http":
         serve_http(server, args.host, args.port)
     else:
-        anyio.run(serve_stdio, server)
+        anyio.run(serve_stdio, server, backend_options={"use_uvloop": importlib.util.find_spec("uvloop") is not None})
 
 
 if __name__ == "__main__":

@@ -1002,7 +1002,7 @@ def main(argv: list[str] | None = None) -> int:
         json_path, md_path = write_results(report, args.out)
         print()
         print(markdown(report).split("<details>")[0])
-        print(f"bench: wrote {json_path.relative_to(REPO)} and {md_path.relative_to(REPO)}")
+        print(f"bench: wrote {json_path} and {md_path}")
     return 0 if completed else 1
 
 

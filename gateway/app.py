@@ -17,10 +17,12 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
+from starlette.types import ASGIApp
 
 from gateway.admin import admin_routes
 from gateway.auth import AuthGate, Limits, views_for
 from gateway.config import ConfigError, FileConfig, load_config
+from gateway.fastlane import FastLane
 from gateway.frontend import Frontend
 from gateway.logs import get_logger
 from gateway.registry import Registry
@@ -118,19 +120,21 @@ def serve(settings: Settings, config: FileConfig) -> None:
 
 def build_app(settings: Settings, config: FileConfig, environ: Mapping[str, str] | None = None) -> Starlette:
     """The whole gateway as one ASGI app; upstreams start with its lifespan."""
-    registry = Registry(config.servers, environ, credentials=settings.credentials)
+    registry = Registry(config.servers, environ, credentials=settings.credentials, fast=settings.fast_path)
     frontend = Frontend(registry, views_for(settings.auth.tokens))
     store = open_store(settings.store.get_secret_value() if settings.store else None)
     runtime = Runtime(registry, store, settings)
+    security = transport_security(settings)
     mcp_app = frontend.server.streamable_http_app(
         streamable_http_path="/mcp",
-        transport_security=transport_security(settings),
+        transport_security=security,
         host=settings.host,
         max_request_body_size=settings.max_body_bytes,
         max_sessions=settings.max_sessions,
         session_idle_timeout=settings.session_idle_timeout,
     )
-    gate = AuthGate(mcp_app, settings.auth.tokens, Limits(settings.max_body_bytes, settings.max_json_depth))
+    lane: ASGIApp = FastLane(mcp_app, frontend, security) if settings.fast_path else mcp_app
+    gate = AuthGate(lane, settings.auth.tokens, Limits(settings.max_body_bytes, settings.max_json_depth))
 
     async def reload() -> list[str]:
         try:

@@ -26,6 +26,7 @@ log = get_logger("auth")
 GatedPolicy = Literal["allow", "deny", "confirm"]
 SCOPE_KEY = "manifold_view"
 SESSION_HEADER = b"mcp-session-id"
+MESSAGE_KEY = "manifold_message"
 
 
 class TokenSpec(BaseModel):
@@ -129,12 +130,17 @@ def nesting_depth_exceeds(body: bytes, limit: int) -> bool:
     return False
 
 
-def shape_problem(body: bytes) -> tuple[int, str] | None:
-    """A JSON-RPC error (code, message) for a body that is not one JSON-RPC message, or None."""
+def decode_message(body: bytes) -> tuple[Any, tuple[int, str] | None]:
+    """The decoded body, and a JSON-RPC error (code, message) when it is not one JSON-RPC message."""
     try:
         message = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return -32700, "Parse error: the body is not valid UTF-8 JSON"
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        return None, (-32700, "Parse error: the body is not valid UTF-8 JSON")
+    return message, shape_problem(message)
+
+
+def shape_problem(message: Any) -> tuple[int, str] | None:
+    """A JSON-RPC error (code, message) for a decoded body that is not one JSON-RPC message, or None."""
     if isinstance(message, list):
         return -32600, "Invalid Request: batches are not supported; send one JSON-RPC message per request"
     if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
@@ -224,10 +230,12 @@ class AuthGate:
             if nesting_depth_exceeds(body, self.limits.max_json_depth):
                 await _reject(send, 400, -32600, f"JSON nested deeper than {self.limits.max_json_depth} levels")
                 return
-            if (problem := shape_problem(body)) is not None:
+            message, problem = decode_message(body)
+            if problem is not None:
                 await _reject(send, 400, problem[0], problem[1])
                 return
             receive = _replay(body, receive)
+            scope.setdefault("state", {})[MESSAGE_KEY] = message
         scope.setdefault("state", {})[SCOPE_KEY] = view
 
         async def send_watching(message: Message) -> None:

@@ -168,12 +168,11 @@ async def confirm(ctx: ServerRequestContext[Any], entry: Entry, params: types.Ca
 async def call_tool(
     registry: Registry, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams, view: View
 ) -> Json:
-    """Serve one downstream `tools/call`; count it, time it and log one line for it."""
+    """Serve one downstream `tools/call` that came through the SDK's server."""
     entry = registry.catalog.resolve(params.name)
     if entry is None or not view.allows(entry):
         log.info("tool call", request_id=ctx.request_id, tool=params.name[:128], outcome="unknown_tool")
         raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {params.name}")
-    upstream = registry.upstreams[entry.server]
     modern = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
     if view.confirms(entry) and (refusal := await confirm(ctx, entry, params)) is not None:
         outcome = "pending" if refusal.get("resultType") == "input_required" else "denied"
@@ -182,14 +181,43 @@ async def call_tool(
         log.info("tool call", request_id=ctx.request_id, server=entry.server, tool=entry.public, outcome=outcome)
         return refusal
     wants_progress = bool(ctx.meta and ctx.meta.get("progress_token") is not None)
-    relay = ProgressRelay(ctx) if wants_progress else None
-    if upstream.spec.forward_headers and ctx.request is not None:
-        incoming = ctx.request.headers
-        FORWARDED.set({h: incoming[h] for h in upstream.spec.forward_headers if h in incoming})
+    return await forward_call(
+        registry,
+        entry,
+        params.arguments,
+        forwardable_meta(ctx.meta),
+        request_id=ctx.request_id,
+        modern=modern,
+        relay=ProgressRelay(ctx) if wants_progress else None,
+        headers=ctx.request.headers if ctx.request is not None else None,
+    )
+
+
+async def forward_call(
+    registry: Registry,
+    entry: Entry,
+    arguments: Mapping[str, Any] | None,
+    meta: Mapping[str, Any],
+    *,
+    request_id: Any,
+    modern: bool,
+    relay: ProgressRelay | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> Json:
+    """Forward one allowed call to its server; count it, time it and log one line for it.
+
+    Returns the labelled result (failures that never reached a result become `isError` results);
+    raises `MCPError` for an error the server answered with. `headers` are the caller's HTTP
+    headers (lower-case names), the source of the server's `forward_headers`.
+    """
+    upstream = registry.upstreams[entry.server]
+    if upstream.spec.forward_headers and headers is not None:
+        wanted = ((h, h.lower()) for h in upstream.spec.forward_headers)
+        FORWARDED.set({h: headers[low] for h, low in wanted if low in headers})
     started = time.perf_counter()
     outcome = "cancelled"
     try:
-        raw = await call_with_retries(upstream, entry, params.arguments, forwardable_meta(ctx.meta), relay)
+        raw = await call_with_retries(upstream, entry, arguments, meta, relay)
         outcome = "tool_error" if raw.get("isError") else "ok"
     except CallFailed as failure:
         outcome = failure.outcome
@@ -204,7 +232,7 @@ async def call_tool(
         metrics.call_duration.labels(entry.server).observe(elapsed)
         log.info(
             "tool call",
-            request_id=ctx.request_id,
+            request_id=request_id,
             server=entry.server,
             tool=entry.public,
             duration_ms=round(elapsed * 1000, 2),

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import anyio
@@ -86,7 +87,8 @@ class Frontend:
         entry = self.registry.catalog.resolve(name)
         return entry.input_schema if entry is not None else None
 
-    def _visible(self, view: View) -> list[dict[str, Any]]:
+    def visible(self, view: View) -> list[dict[str, Any]]:
+        """The published tools this view may see."""
         if view is OPEN_VIEW:
             return self.registry.catalog.listing
         return [e.tool for e in self.registry.catalog.entries.values() if view.allows(e)]
@@ -96,7 +98,7 @@ class Frontend:
     ) -> types.ListToolsResult:
         if params is not None and params.cursor:
             raise MCPError(types.INVALID_PARAMS, "Invalid cursor: the catalog is served in one page")
-        result: dict[str, Any] = {"tools": self._visible(request_view(ctx))}
+        result: dict[str, Any] = {"tools": self.visible(request_view(ctx))}
         if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
             result["resultType"] = "complete"
         return result  # type: ignore[return-value]
@@ -107,13 +109,23 @@ class Frontend:
     async def _call_tool(self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> Any:
         if self.draining:
             raise MCPError(types.INTERNAL_ERROR, "The gateway is shutting down; retry on another replica")
+        with self.tracking_call():
+            return await call_tool(self.registry, ctx, params, request_view(ctx))
+
+    @contextmanager
+    def tracking_call(self) -> Iterator[None]:
+        """Count a call as in flight, so the shutdown drain waits for it."""
         self.calls_in_flight += 1
         try:
-            return await call_tool(self.registry, ctx, params, request_view(ctx))
+            yield
         finally:
             self.calls_in_flight -= 1
             if self.calls_in_flight == 0:
                 self._calls_done.set()
+
+    def knows_session(self, session_id: str) -> bool:
+        """Whether a 2025-era session has been seen serving a request (so it is initialised and tracked)."""
+        return session_id in self._legacy_sessions
 
     async def drain(self, timeout: float) -> None:
         """Refuse new calls, close listen streams, and let calls in flight finish (up to `timeout` s)."""
@@ -175,7 +187,7 @@ class Frontend:
         """Tell the clients whose view changed, each in its own era's way."""
         changed = []
         for name, view in self.views.items():
-            names = tuple(t["name"] for t in self._visible(view))
+            names = tuple(t["name"] for t in self.visible(view))
             if self._seen.get(name) != names:
                 self._seen[name] = names
                 changed.append(name)

@@ -8,6 +8,7 @@ import sys
 from collections.abc import MutableMapping
 from typing import Any
 
+import orjson
 import structlog
 
 _SECRET_KEYS = re.compile(r"(authorization|token|secret|password|api[_-]?key|cookie|headers|env)$", re.I)
@@ -29,12 +30,18 @@ def _redact(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[
     return event
 
 
+def _dumps(event: Any, **_: Any) -> str:
+    return orjson.dumps(event, default=str).decode()
+
+
 def configure(level: str = "info", fmt: str = "auto") -> None:
     """Set up structlog and the stdlib root logger for `level` and `fmt` (`auto`, `json`, `console`)."""
     if fmt == "auto":
         fmt = "console" if sys.stderr.isatty() else "json"
     renderer: Any = (
-        structlog.processors.JSONRenderer() if fmt == "json" else structlog.dev.ConsoleRenderer(colors=False)
+        structlog.processors.JSONRenderer(serializer=_dumps)
+        if fmt == "json"
+        else structlog.dev.ConsoleRenderer(colors=False)
     )
     numeric = logging.getLevelNamesMapping()[level.upper()]
     shared: list[Any] = [
@@ -47,7 +54,7 @@ def configure(level: str = "info", fmt: str = "auto") -> None:
         processors=[*shared, structlog.processors.format_exc_info, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
-        cache_logger_on_first_use=False,
+        cache_logger_on_first_use=True,
     )
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(

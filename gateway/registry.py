@@ -29,8 +29,11 @@ class Registry:
         environ: Mapping[str, str] | None = None,
         metrics: Metrics | None = None,
         credentials: Mapping[str, Any] | None = None,
+        *,
+        fast: bool = True,
     ) -> None:
         self.catalog = Catalog()
+        self._fast = fast
         self.metrics = metrics or Metrics()
         self.upstreams: dict[str, Upstream] = {}
         self._environ = environ
@@ -52,6 +55,7 @@ class Registry:
             credentials=self._credentials,
             egress=egress,
             source=source,
+            fast=self._fast,
         )
         self.upstreams[spec.name] = upstream
         return upstream

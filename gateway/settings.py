@@ -76,6 +76,7 @@ class Settings(BaseSettings):
     max_json_depth: int = Field(64, ge=4)
     max_sessions: int = Field(5000, ge=1)
     session_idle_timeout: float = Field(1800.0, gt=0)
+    fast_path: bool = True
 
     @property
     def egress_enabled(self) -> bool:

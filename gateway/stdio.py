@@ -22,6 +22,7 @@ from mcp.shared.message import SessionMessage
 from pydantic import ValidationError
 
 from gateway.bucket import TokenBucket
+from gateway.direct import DirectChannel
 from gateway.logs import get_logger, redact_text
 
 log = get_logger("stdio")
@@ -79,8 +80,12 @@ async def stdio_transport(
     args: list[str],
     env: Mapping[str, str],
     cwd: str | None,
+    direct: DirectChannel | None = None,
 ) -> AsyncIterator[tuple[Any, Any]]:
-    """Run `command` in its own process group and exchange newline-delimited JSON-RPC with it."""
+    """Run `command` in its own process group and exchange newline-delimited JSON-RPC with it.
+
+    With `direct`, answers to the channel's own requests are taken off stdout before the session sees them.
+    """
     process = await anyio.open_process(
         [command, *args],
         stdin=subprocess.PIPE,
@@ -94,27 +99,40 @@ async def stdio_transport(
     read_writer, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     write_stream, write_reader = anyio.create_memory_object_stream[SessionMessage](0)
     log.info("upstream process started", server=server, pid=process.pid)
+    assert process.stdin is not None
+    if direct is not None:
+        direct.attach(process.stdin.send)
 
     async def stdout_reader() -> None:
-        assert process.stdout is not None
-        buffer = b""
-        garbage_budget = TokenBucket(1.0, 10)
         async with read_writer:
             with suppress(anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
-                async for chunk in process.stdout:
-                    buffer += chunk
-                    if b"\n" not in buffer:
-                        if len(buffer) > MAX_LINE:
-                            log.warning("upstream stdout line too long; dropped", server=server)
-                            buffer = b""
+                await read_lines()
+            if direct is not None:
+                direct.close()
+
+    async def read_lines() -> None:
+        assert process.stdout is not None
+        parts: list[bytes] = []  # a line's chunks so far: joined once, not re-copied per chunk
+        size = 0
+        garbage_budget = TokenBucket(1.0, 10)
+        async for chunk in process.stdout:
+            if b"\n" not in chunk:
+                size += len(chunk)
+                parts.append(chunk)
+                if size > MAX_LINE:
+                    log.warning("upstream stdout line too long; dropped", server=server)
+                    parts, size = [], 0
+                continue
+            *lines, rest = (b"".join(parts) + chunk if parts else chunk).split(b"\n")
+            parts, size = ([rest], len(rest)) if rest else ([], 0)
+            for line in lines:
+                if line.strip():
+                    item = await direct.take(line) if direct is not None else parse_line(line)
+                    if item is None:
                         continue
-                    *lines, buffer = buffer.split(b"\n")
-                    for line in lines:
-                        if line.strip():
-                            item = parse_line(line)
-                            if isinstance(item, Exception) and garbage_budget.take() == 0:
-                                log.warning("upstream wrote a line that is not JSON-RPC", server=server)
-                            await read_writer.send(item)
+                    if isinstance(item, Exception) and garbage_budget.take() == 0:
+                        log.warning("upstream wrote a line that is not JSON-RPC", server=server)
+                    await read_writer.send(item)
 
     async def stdin_writer() -> None:
         assert process.stdin is not None
@@ -125,6 +143,9 @@ async def stdio_transport(
                     await process.stdin.send(data.encode() + b"\n")
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
             await read_writer.aclose()
+        finally:
+            if direct is not None:
+                direct.close()
 
     async def stderr_reader() -> None:
         assert process.stderr is not None

@@ -7,6 +7,7 @@ server's filters, then serves calls until the connection ends; it reconnects wit
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import math
 import os
@@ -24,7 +25,7 @@ import httpx2
 import mcp.types as types
 from mcp import ClientSession, MCPError
 from mcp.client._probe import negotiate_auto
-from mcp.client.session import IncomingMessage
+from mcp.client.session import IncomingMessage, _later_revision_fields
 from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.client.subscriptions import ListenNotSupportedError, SubscriptionLost, listen
@@ -35,11 +36,13 @@ from pydantic import TypeAdapter, ValidationError
 
 from gateway import __version__
 from gateway.config import ConfigError, ResolvedServer, ServerSpec, resolve
+from gateway.direct import FIRST_ID, ConnectionLost, DirectChannel, ProgressFn
 from gateway.egress import Checked, EgressDenied, EgressPolicy, check_url, pinned_transport
 from gateway.filters import apply_filters
 from gateway.logs import get_logger, redact_text
 from gateway.metrics import Metrics
 from gateway.stdio import stdio_transport
+from gateway.wire import HttpWire, WireError, uses_proxy
 
 Json = dict[str, Any]
 RAW: TypeAdapter[Any] = TypeAdapter(dict[str, Any])
@@ -179,6 +182,18 @@ def describe(exc: BaseException) -> str:
 ChangeCallback = Callable[["Upstream"], Awaitable[None]]
 
 
+def _plausible_result(result: Any) -> bool:
+    """A cheap shape check of a tool result forwarded without model validation."""
+    if not isinstance(result, dict):
+        return False
+    content = result.get("content", [])
+    if not isinstance(content, list) or not all(
+        isinstance(c, dict) and isinstance(c.get("type"), str) for c in content
+    ):
+        return False
+    return isinstance(result.get("isError", False), bool) and isinstance(result.get("structuredContent", {}), dict)
+
+
 class Upstream:
     """One configured server: its state, its filtered tools, and the session that serves its calls."""
 
@@ -192,8 +207,12 @@ class Upstream:
         credentials: Mapping[str, Any] | None = None,
         egress: EgressPolicy | None = None,
         source: str = "config",
+        fast: bool = True,
     ) -> None:
         self.spec = spec
+        self._fast = fast
+        self._direct: DirectChannel | None = None
+        self._wire: HttpWire | None = None
         self.source = source
         self._metrics = metrics
         self._credentials = credentials or {}
@@ -215,6 +234,9 @@ class Upstream:
         self._backoff = Backoff()
         self._up = anyio.Event()
         self._reconnect_now = False
+        self._foreign: frozenset[str] = frozenset()
+        self._direct_ids = FIRST_ID
+        self._background: set[asyncio.Future[None]] = set()
         self._limiter = anyio.CapacityLimiter(spec.max_concurrent)
         self._queued = 0
 
@@ -272,6 +294,7 @@ class Upstream:
             raise TimeoutError(f"no answer within startup_timeout ({self.spec.startup_timeout:g} s)")
 
     async def _serve(self, session: ClientSession, tools: tuple[Json, ...]) -> None:
+        self._foreign = _later_revision_fields("tools/call", session.protocol_version or "2025-11-25")
         self.session = session
         self.protocol_version = session.protocol_version
         self.tools = tools
@@ -294,7 +317,8 @@ class Upstream:
             assert r.command is not None
             if self._egress is not None:
                 raise EgressDenied("runtime servers must use HTTP(S) while egress checks are on")
-            return stdio_transport(self.name, r.command, r.args, r.env, r.cwd)
+            self._direct = DirectChannel() if self._fast else None
+            return stdio_transport(self.name, r.command, r.args, r.env, r.cwd, self._direct)
         assert r.url is not None
         # Each connection re-checks a runtime server's URL: DNS answers can change.
         checked = await check_url(r.url, self._egress) if self._egress is not None else None
@@ -306,17 +330,36 @@ class Upstream:
     async def _streamable_http(self, url: str, headers: dict[str, str], checked: Checked | None) -> AsyncIterator[Any]:
         timeout = httpx2.Timeout(30, read=max(300.0, self.spec.timeout + 5))
         transport = pinned_transport(checked) if checked is not None else None
-        async with (
-            httpx2.AsyncClient(
-                headers=headers,
-                timeout=timeout,
-                follow_redirects=checked is None,
-                transport=transport,
-                event_hooks={"request": [_add_forwarded]} if self.spec.forward_headers else None,
-            ) as http,
-            streamable_http_client(url, http_client=http) as streams,
-        ):
-            yield streams
+        session_id: list[str | None] = [None]
+
+        async def note_session(response: httpx2.Response) -> None:
+            if (value := response.headers.get("mcp-session-id")) is not None:
+                session_id[0] = value
+
+        hooks: dict[str, list[Any]] = {"response": [note_session]}
+        if self.spec.forward_headers:
+            hooks["request"] = [_add_forwarded]
+        wire = None
+        if self._fast and not uses_proxy(url):
+            address = checked.address if checked is not None else None
+            wire = HttpWire(url, headers, lambda: session_id[0], address=address, forwarded=FORWARDED.get)
+        self._wire = wire
+        try:
+            async with (
+                httpx2.AsyncClient(
+                    headers=headers,
+                    timeout=timeout,
+                    follow_redirects=checked is None,
+                    transport=transport,
+                    event_hooks=hooks,
+                ) as http,
+                streamable_http_client(url, http_client=http) as streams,
+            ):
+                yield streams
+        finally:
+            self._wire = None
+            if wire is not None:
+                wire.close()
 
     async def _list_tools(self, session: ClientSession) -> tuple[Json, ...]:
         raw: list[Json] = []
@@ -460,6 +503,8 @@ class Upstream:
                 self._queued -= 1
             acquired = True
             try:
+                if self._direct is not None or self._wire is not None:
+                    return await self._call_direct(session, request, on_progress)
                 return await send_raw(session, request, progress=on_progress)
             except MCPError as e:
                 raise self._failure(e) from None
@@ -476,6 +521,79 @@ class Upstream:
             outcome="timeout",
             transient=True,
         )
+
+    async def _call_direct(
+        self, session: ClientSession, request: types.CallToolRequest, progress: ProgressFn | None
+    ) -> Json:
+        """The call over the gateway's own lean channel (stdio pipes or HTTP/1.1), stamped as the SDK would."""
+        data = {"jsonrpc": "2.0", **request.model_dump(by_alias=True, mode="json", exclude_none=True)}
+        opts: Any = {}
+        session._stamp(data, opts)
+        headers: dict[str, str] = opts.get("headers", {})
+        if self._direct is not None:
+            data["id"] = request_id = self._direct.next_id()
+        else:
+            data["id"] = request_id = self._direct_ids = self._direct_ids + 1
+        if progress is not None:
+            data.setdefault("params", {}).setdefault("_meta", {})["progressToken"] = request_id
+        reason = "the gateway's caller cancelled or timed out"
+        cancel: Json = {
+            "jsonrpc": "2.0",
+            "method": "notifications/cancelled",
+            "params": {"requestId": request_id, "reason": reason},
+        }
+        cancel_opts: Any = {}
+        session._stamp(cancel, cancel_opts)
+        try:
+            if self._direct is not None:
+                reply = await self._direct.request(data, cancel, progress)
+            else:
+                assert self._wire is not None
+                reply = await self._wire_call(
+                    self._wire, data, headers, progress, (cancel, cancel_opts.get("headers", {}))
+                )
+        except (ConnectionLost, WireError) as e:
+            self._closed.set()
+            raise _unavailable(self.name, f"the connection was lost during the call ({e})") from None
+        return self._result_of(reply)
+
+    async def _wire_call(
+        self,
+        wire: HttpWire,
+        data: Json,
+        headers: dict[str, str],
+        progress: ProgressFn | None,
+        cancel: tuple[Json, dict[str, str]],
+    ) -> Json:
+        try:
+            return await wire.call(data, headers, progress)
+        except BaseException:
+            if self.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+                # 2025-era servers ignore a dropped POST; they are told with a notification.
+                task = asyncio.ensure_future(wire.notify(*cancel))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+            raise
+
+    def _result_of(self, reply: Json) -> Json:
+        error = reply.get("error")
+        if error is not None:
+            try:
+                data = types.ErrorData.model_validate(error)
+            except ValidationError:
+                data = types.ErrorData(code=types.INTERNAL_ERROR, message="malformed error response")
+            raise MCPError(data.code, data.message, data.data)
+        result = reply.get("result")
+        if not _plausible_result(result):
+            raise CallFailed(
+                f"server '{self.name}' answered with something that is not a tool result",
+                outcome="invalid",
+                transient=False,
+            )
+        assert isinstance(result, dict)
+        if not self._foreign.isdisjoint(result):
+            result = {k: v for k, v in result.items() if k not in self._foreign}
+        return result
 
     def _limit_text(self, total: float) -> str:
         if total <= self.spec.timeout or math.isinf(total):

@@ -37,6 +37,7 @@ def test_file_keys():
         "max_json_depth",
         "max_sessions",
         "session_idle_timeout",
+        "fast_path",
     }
     assert frozenset(expected) == FILE_KEYS
 

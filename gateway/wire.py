@@ -1,0 +1,364 @@
+"""A lean HTTP/1.1 client for tool calls to streamable HTTP servers: keep-alive sockets, httptools parsing.
+
+The SDK's client sends each request through memory streams, a task per POST and a general HTTP stack;
+on the hot path that cost more CPU than the rest of the gateway. This client sends one POST per call
+on a pooled keep-alive connection and reads the answer as JSON or as an SSE stream (relaying
+progress). Status handling mirrors the SDK's transport, so failures map the same way. Everything
+else (negotiation, listings, listen streams, GET streams) stays on the SDK's session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Awaitable, Callable, Mapping
+from contextlib import suppress
+from typing import Any, cast
+from urllib.parse import urlsplit
+from urllib.request import getproxies, proxy_bypass
+
+import httptools
+import mcp.types as types
+import orjson
+
+from gateway import __version__
+
+Json = dict[str, Any]
+ProgressFn = Callable[[float, float | None, str | None], Awaitable[None]]
+MAX_IDLE = 64
+
+
+class WireError(Exception):
+    """The exchange failed before a complete answer arrived."""
+
+
+def uses_proxy(url: str) -> bool:
+    """Whether the environment routes this URL through a proxy (the lean client does not speak to proxies)."""
+    parts = urlsplit(url)
+    proxies = getproxies()
+    if not (proxies.get(parts.scheme) or proxies.get("all")):
+        return False
+    return not proxy_bypass(parts.hostname or "")
+
+
+class _Exchange:
+    """One response as it arrives: status and headers, then body chunks."""
+
+    def __init__(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.head: asyncio.Future[None] = loop.create_future()
+        self.status = 0
+        self.headers: dict[bytes, bytes] = {}
+        self.chunks: list[bytes] = []
+        self.complete = False
+        self.error: Exception | None = None
+        self._waiter: asyncio.Future[None] | None = None
+
+    def wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def next_chunk(self) -> bytes | None:
+        """The next piece of the body; None at its end. Raises WireError if the connection broke."""
+        while not self.chunks:
+            if self.error is not None:
+                raise self.error
+            if self.complete:
+                return None
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+        data = b"".join(self.chunks)
+        self.chunks.clear()
+        return data
+
+    async def read(self) -> bytes:
+        parts = []
+        while (chunk := await self.next_chunk()) is not None:
+            parts.append(chunk)
+        return b"".join(parts)
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive connection; httptools calls the on_* methods as bytes arrive."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.exchange: _Exchange | None = None
+        self.closed = False
+        self.reusable = False
+        self.used = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass asyncio's
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as e:
+            self._fail(WireError(f"malformed HTTP answer: {e}"))
+            self.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.reusable = False
+        exchange = self.exchange
+        if exchange is not None and not exchange.complete:
+            self._fail(WireError("the server closed the connection"))
+
+    def _fail(self, error: Exception) -> None:
+        exchange = self.exchange
+        if exchange is None:
+            return
+        exchange.error = error
+        if not exchange.head.done():
+            exchange.head.set_exception(error)
+        exchange.wake()
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self.exchange is not None:
+            self.exchange.headers[name.lower()] = value
+
+    def on_headers_complete(self) -> None:
+        exchange = self.exchange
+        if exchange is not None:
+            exchange.status = self.parser.get_status_code()
+            if not exchange.head.done():
+                exchange.head.set_result(None)
+
+    def on_body(self, body: bytes) -> None:
+        if self.exchange is not None:
+            self.exchange.chunks.append(body)
+            self.exchange.wake()
+
+    def on_message_complete(self) -> None:
+        exchange = self.exchange
+        self.reusable = self.parser.should_keep_alive()
+        if exchange is not None:
+            exchange.complete = True
+            exchange.wake()
+
+    def send(self, data: bytes) -> _Exchange:
+        assert self.transport is not None
+        self.exchange = _Exchange()
+        self.reusable = False
+        self.used = True
+        self.transport.write(data)
+        return self.exchange
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+
+def _sse_events(buffer: bytearray) -> list[bytes]:
+    """Take complete SSE events' data fields off the front of `buffer` (CRLF already folded to LF)."""
+    out = []
+    while (end := buffer.find(b"\n\n")) >= 0:
+        event = bytes(buffer[:end])
+        del buffer[: end + 2]
+        data = [line[5:].removeprefix(b" ") for line in event.split(b"\n") if line.startswith(b"data:")]
+        if data:
+            out.append(b"\n".join(data))
+    return out
+
+
+class HttpWire:
+    """POSTs tool calls to one MCP endpoint over pooled connections."""
+
+    def __init__(
+        self,
+        url: str,
+        headers: Mapping[str, str],
+        session_id: Callable[[], str | None],
+        *,
+        address: str | None = None,
+        forwarded: Callable[[], Mapping[str, str] | None] = lambda: None,
+        connect_timeout: float = 30.0,
+    ) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"not an http(s) URL: {url}")
+        self.host = parts.hostname
+        self.port = parts.port or (443 if parts.scheme == "https" else 80)
+        self._address = address or self.host
+        self._ssl = ssl.create_default_context() if parts.scheme == "https" else None
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        default_port = (parts.scheme == "https" and self.port == 443) or (parts.scheme == "http" and self.port == 80)
+        host = self.host if ":" not in self.host else f"[{self.host}]"
+        authority = host if default_port else f"{host}:{self.port}"
+        self._line = f"POST {target} HTTP/1.1\r\n".encode()
+        fixed = {
+            "host": authority,
+            "accept": "application/json, text/event-stream",
+            "content-type": "application/json",
+            "user-agent": f"manifold/{__version__}",
+            **{k.lower(): v for k, v in headers.items()},
+        }
+        self._fixed = fixed
+        self._session_id = session_id
+        self._forwarded = forwarded
+        self._connect_timeout = connect_timeout
+        self._idle: list[_Connection] = []
+
+    def _take_idle(self) -> _Connection | None:
+        while self._idle:
+            conn = self._idle.pop()
+            if not conn.closed and conn.transport is not None and not conn.transport.is_closing():
+                return conn
+        return None
+
+    async def _connect(self) -> _Connection:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self._connect_timeout):
+                _, conn = await loop.create_connection(
+                    _Connection,
+                    self._address,
+                    self.port,
+                    ssl=self._ssl,
+                    server_hostname=self.host if self._ssl is not None else None,
+                )
+        except (OSError, TimeoutError) as e:
+            raise WireError(f"cannot connect: {e.__class__.__name__}") from None
+        return conn
+
+    def _head(self, body: bytes, extra: Mapping[str, str]) -> bytes:
+        headers = dict(self._fixed)
+        session_id = self._session_id()
+        if session_id:
+            headers["mcp-session-id"] = session_id
+        for name, value in extra.items():
+            headers[name.lower()] = value
+        for name, value in (self._forwarded() or {}).items():
+            headers[name.lower()] = value
+        headers["content-length"] = str(len(body))
+        lines = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        return self._line + lines.encode("latin-1") + b"\r\n" + body
+
+    async def call(self, message: Json, headers: Mapping[str, str], progress: ProgressFn | None) -> Json:
+        """POST one request and return the JSON-RPC response to it (an `error` reply for HTTP failures)."""
+        body = orjson.dumps(message)
+        request = self._head(body, headers)
+        request_id = message.get("id")
+        for attempt in (1, 2):
+            conn = self._take_idle() or await self._connect()
+            reused = conn.used
+            try:
+                exchange = conn.send(request)
+                await exchange.head
+            except (WireError, RuntimeError):  # uvloop raises RuntimeError writing to a closed transport
+                conn.close()
+                if reused and attempt == 1:
+                    continue  # the server closed an idle keep-alive connection: once more on a fresh one
+                raise WireError("the server closed the connection") from None
+            except BaseException:
+                conn.close()
+                raise
+            try:
+                reply = await self._answer(exchange, request_id, progress, message)
+            except BaseException:
+                conn.close()  # on the 2026 wire, dropping the POST is the cancellation
+                raise
+            if conn.reusable and not conn.closed and len(self._idle) < MAX_IDLE:
+                conn.exchange = None
+                self._idle.append(conn)
+            else:
+                conn.close()
+            return reply
+        raise WireError("unreachable")
+
+    async def _answer(self, exchange: _Exchange, request_id: Any, progress: ProgressFn | None, message: Json) -> Json:
+        status = exchange.status
+        content_type = exchange.headers.get(b"content-type", b"").lower()
+        if status == 202:
+            await exchange.read()
+            return _error(types.INVALID_REQUEST, "server answered a request with 202 Accepted")
+        if 300 <= status < 400:
+            await exchange.read()
+            return _error(types.INVALID_REQUEST, f"the server redirected the call (HTTP {status}); not followed")
+        if status >= 400:
+            raw = await exchange.read()
+            if content_type.startswith(b"application/json"):
+                with suppress(orjson.JSONDecodeError):
+                    parsed = orjson.loads(raw)
+                    if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
+                        return {"jsonrpc": "2.0", "id": request_id, "error": parsed["error"]}
+            if status == 404:
+                if self._session_id() is None:
+                    return _error(types.METHOD_NOT_FOUND, "Not Found")
+                return _error(types.INVALID_REQUEST, "Session terminated")
+            return _error(types.INTERNAL_ERROR, "Server returned an error response")
+        if content_type.startswith(b"application/json"):
+            try:
+                reply = orjson.loads(await exchange.read())
+            except orjson.JSONDecodeError:
+                return _error(types.PARSE_ERROR, "Failed to parse JSON response")
+            return reply if isinstance(reply, dict) else _error(types.PARSE_ERROR, "Failed to parse JSON response")
+        if content_type.startswith(b"text/event-stream"):
+            return await self._stream(exchange, request_id, progress)
+        await exchange.read()
+        return _error(types.INVALID_REQUEST, f"Unexpected content type: {content_type.decode('latin-1')[:80]}")
+
+    async def _stream(self, exchange: _Exchange, request_id: Any, progress: ProgressFn | None) -> Json:
+        buffer = bytearray()
+        carry_cr = False
+        while (chunk := await exchange.next_chunk()) is not None:
+            if carry_cr:
+                chunk = b"\r" + chunk
+            carry_cr = chunk.endswith(b"\r")
+            if carry_cr:
+                chunk = chunk[:-1]
+            buffer += chunk.replace(b"\r\n", b"\n")
+            for data in _sse_events(buffer):
+                try:
+                    message = orjson.loads(data)
+                except orjson.JSONDecodeError:
+                    continue
+                if not isinstance(message, dict):
+                    continue
+                if message.get("id") == request_id and ("result" in message or "error" in message):
+                    await _drain(exchange)
+                    return message
+                if message.get("method") == "notifications/progress" and progress is not None:
+                    params = message.get("params")
+                    if isinstance(params, dict) and isinstance(params.get("progress"), int | float):
+                        total = params.get("total")
+                        await progress(
+                            params["progress"], total if isinstance(total, int | float) else None, params.get("message")
+                        )
+        raise WireError("the event stream ended without an answer")
+
+    async def notify(self, message: Json, headers: Mapping[str, str]) -> None:
+        """POST one notification (e.g. a 2025-era cancel); failures are ignored."""
+        with suppress(WireError, OSError, TimeoutError, RuntimeError):
+            async with asyncio.timeout(5):
+                conn = self._take_idle() or await self._connect()
+                exchange = conn.send(self._head(orjson.dumps(message), headers))
+                await exchange.head
+                await exchange.read()
+                if conn.reusable and len(self._idle) < MAX_IDLE:
+                    conn.exchange = None
+                    self._idle.append(conn)
+                else:
+                    conn.close()
+
+    def close(self) -> None:
+        """Close every pooled connection."""
+        for conn in self._idle:
+            conn.close()
+        self._idle.clear()
+
+
+async def _drain(exchange: _Exchange) -> None:
+    """Read what is left of an answered stream, so its connection can be reused."""
+    if exchange.complete:
+        return
+    with suppress(WireError, TimeoutError):
+        async with asyncio.timeout(1.0):
+            await exchange.read()
+
+
+def _error(code: int, message: str) -> Json:
+    return {"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}}

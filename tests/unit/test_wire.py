@@ -1,0 +1,177 @@
+"""The lean HTTP/1.1 client against a real loopback server that answers with scripted bytes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+
+from gateway.wire import HttpWire, WireError, _sse_events
+
+Script = Callable[[bytes], list[bytes] | None]
+CLOSE = b"<close the connection>"
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def _http(status: str, content_type: str, body: bytes, extra: str = "") -> bytes:
+    head = f"HTTP/1.1 {status}\r\ncontent-type: {content_type}\r\ncontent-length: {len(body)}\r\n{extra}\r\n"
+    return head.encode() + body
+
+
+@asynccontextmanager
+async def scripted_server(answer: Script) -> AsyncIterator[tuple[str, list[bytes], list[int]]]:
+    """A server that reads one request at a time and writes `answer(request)`'s pieces (None: hang up)."""
+    requests: list[bytes] = []
+    connections: list[int] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(1)
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(
+                    int(line.split(b":")[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length")
+                )
+                request = head + await reader.readexactly(length)
+                requests.append(request)
+                pieces = answer(request)
+                if pieces is None:
+                    break
+                for piece in pieces:
+                    if piece is CLOSE:
+                        return
+                    writer.write(piece)
+                    await writer.drain()
+                    await asyncio.sleep(0.01)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with server:
+        yield f"http://127.0.0.1:{port}/mcp", requests, connections
+
+
+def _call(request_id: int = 7) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": {"name": "echo"}}
+
+
+async def test_json_answer_and_headers_sent() -> None:
+    body = b'{"jsonrpc":"2.0","id":7,"result":{"content":[]}}'
+    async with scripted_server(lambda _: [_http("200 OK", "application/json", body)]) as (url, requests, _):
+        wire = HttpWire(url, {"Authorization": "Bearer s3cret"}, lambda: "sess-1")
+        reply = await wire.call(_call(), {"mcp-protocol-version": "2025-11-25"}, None)
+        wire.close()
+    assert reply == {"jsonrpc": "2.0", "id": 7, "result": {"content": []}}
+    sent = requests[0].lower()
+    assert sent.startswith(b"post /mcp http/1.1\r\n")
+    for header in (b"authorization: bearer s3cret", b"mcp-session-id: sess-1", b"mcp-protocol-version: 2025-11-25"):
+        assert header in sent
+
+
+async def test_sse_answer_relays_progress_across_split_chunks() -> None:
+    stream = (
+        b'event: message\r\ndata: {"jsonrpc":"2.0","method":"notifications/progress",'
+        b'"params":{"progressToken":7,"progress":1,"total":2}}\r\n\r\n'
+        b'event: message\r\ndata: {"jsonrpc":"2.0","id":7,"result":{"content":[{"type":"text","text":"ok"}]}}\r\n\r\n'
+    )
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+    pieces = [head]
+    for i in range(0, len(stream), 37):  # odd-sized chunks split lines, CRLFs and JSON
+        part = stream[i : i + 37]
+        pieces.append(f"{len(part):x}\r\n".encode() + part + b"\r\n")
+    pieces.append(b"0\r\n\r\n")
+    seen: list[tuple[float, float | None, str | None]] = []
+
+    async def progress(p: float, total: float | None, message: str | None) -> None:
+        seen.append((p, total, message))
+
+    async with scripted_server(lambda _: pieces) as (url, _, connections):
+        wire = HttpWire(url, {}, lambda: None)
+        reply = await wire.call(_call(), {}, progress)
+        again = await wire.call(_call(), {}, progress)
+        wire.close()
+    assert reply["result"]["content"][0]["text"] == "ok"
+    assert again == reply
+    assert seen == [(1, 2, None), (1, 2, None)]
+    assert len(connections) == 1  # the connection was kept alive and reused
+
+
+@pytest.mark.parametrize(
+    ("status", "content_type", "body", "session", "code", "message"),
+    [
+        ("404 Not Found", "text/plain", b"gone", "s", -32600, "Session terminated"),
+        ("404 Not Found", "text/plain", b"gone", None, -32601, "Not Found"),
+        ("500 Oops", "text/plain", b"x", "s", -32603, "Server returned an error response"),
+        (
+            "400 Bad",
+            "application/json",
+            b'{"jsonrpc":"2.0","id":null,"error":{"code":-32602,"message":"bad"}}',
+            "s",
+            -32602,
+            "bad",
+        ),
+        ("202 Accepted", "application/json", b"", "s", -32600, "server answered a request with 202 Accepted"),
+        ("307 Moved", "text/plain", b"", "s", -32600, "the server redirected the call (HTTP 307); not followed"),
+        ("200 OK", "text/html", b"<p>", "s", -32600, "Unexpected content type: text/html"),
+        ("200 OK", "application/json", b"{not json", "s", -32700, "Failed to parse JSON response"),
+    ],
+)
+async def test_failures_map_like_the_sdk_transport(
+    status: str, content_type: str, body: bytes, session: str | None, code: int, message: str
+) -> None:
+    async with scripted_server(lambda _: [_http(status, content_type, body)]) as (url, _, _):
+        wire = HttpWire(url, {}, lambda: session)
+        reply = await wire.call(_call(), {}, None)
+        wire.close()
+    assert reply["error"] == {"code": code, "message": message}
+
+
+async def test_a_closed_idle_connection_is_replaced_once() -> None:
+    body = b'{"jsonrpc":"2.0","id":7,"result":{"content":[]}}'
+    answers = iter([[_http("200 OK", "application/json", body, "connection: keep-alive\r\n")], None])
+
+    def answer(_: bytes) -> list[bytes] | None:
+        return next(answers, [_http("200 OK", "application/json", body)])
+
+    async with scripted_server(answer) as (url, requests, connections):
+        wire = HttpWire(url, {}, lambda: None)
+        assert "result" in await wire.call(_call(), {}, None)
+        # The server hangs up on the second request of that connection: the client retries on a new one.
+        assert "result" in await wire.call(_call(), {}, None)
+        wire.close()
+    assert len(connections) == 2
+    assert len(requests) == 3
+
+
+async def test_a_connection_cut_mid_answer_is_an_error() -> None:
+    head = b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 500\r\n\r\n{"jsonrpc"'
+    async with scripted_server(lambda _: [head, CLOSE]) as (url, _, _):
+        wire = HttpWire(url, {}, lambda: None)
+        with pytest.raises(WireError, match="closed the connection"):
+            await wire.call(_call(), {}, None)
+        wire.close()
+
+
+async def test_refused_connection_is_a_wire_error() -> None:
+    wire = HttpWire("http://127.0.0.1:9/mcp", {}, lambda: None, connect_timeout=2)
+    with pytest.raises(WireError, match="cannot connect"):
+        await wire.call(_call(), {}, None)
+
+
+def test_sse_event_parsing_takes_only_complete_events() -> None:
+    buffer = bytearray(b'data: {"a":1}\n\nid: 3\ndata: {"b":\ndata: 2}\n\n: comment\n\ndata: {"c"')
+    assert _sse_events(buffer) == [b'{"a":1}', b'{"b":\n2}']
+    assert bytes(buffer) == b'data: {"c"'
