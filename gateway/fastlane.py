@@ -162,8 +162,10 @@ class FastLane:
         """The SDK transport of an open 2025-era session the frontend already knows, or None."""
         if not self.frontend.knows_session(session_id):
             return None
-        transport = self.frontend.server.session_manager._server_instances.get(session_id)
-        if transport is None or transport.is_terminated:
+        # The SDK keeps no public handle on a session's transport; without these internals the SDK serves.
+        sessions = getattr(self.frontend.server.session_manager, "_server_instances", {})
+        transport = sessions.get(session_id)
+        if transport is None or transport.is_terminated or not hasattr(transport, "_requests_in_flight"):
             return None
         idle = transport.idle_scope
         return None if idle is not None and idle.cancel_called else transport

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 from urllib.request import getproxies, proxy_bypass
 
 import httptools
+import httpx2
 import mcp.types as types
 import orjson
 
@@ -26,6 +27,7 @@ from gateway import __version__
 Json = dict[str, Any]
 ProgressFn = Callable[[float, float | None, str | None], Awaitable[None]]
 MAX_IDLE = 64
+MAX_ANSWER = 64 * 1024 * 1024
 
 
 class WireError(Exception):
@@ -50,6 +52,7 @@ class _Exchange:
         self.status = 0
         self.headers: dict[bytes, bytes] = {}
         self.chunks: list[bytes] = []
+        self.size = 0
         self.complete = False
         self.error: Exception | None = None
         self._waiter: asyncio.Future[None] | None = None
@@ -127,9 +130,15 @@ class _Connection(asyncio.Protocol):
                 exchange.head.set_result(None)
 
     def on_body(self, body: bytes) -> None:
-        if self.exchange is not None:
-            self.exchange.chunks.append(body)
-            self.exchange.wake()
+        exchange = self.exchange
+        if exchange is not None:
+            exchange.size += len(body)
+            if exchange.size > MAX_ANSWER:
+                self._fail(WireError(f"the answer is over {MAX_ANSWER // (1024 * 1024)} MiB"))
+                self.close()
+                return
+            exchange.chunks.append(body)
+            exchange.wake()
 
     def on_message_complete(self) -> None:
         exchange = self.exchange
@@ -183,7 +192,8 @@ class HttpWire:
         self.host = parts.hostname
         self.port = parts.port or (443 if parts.scheme == "https" else 80)
         self._address = address or self.host
-        self._ssl = ssl.create_default_context() if parts.scheme == "https" else None
+        # The SDK's client builds its TLS context the same way (trust store, SSL_CERT_FILE and friends).
+        self._ssl: ssl.SSLContext | None = httpx2.create_ssl_context() if parts.scheme == "https" else None
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         default_port = (parts.scheme == "https" and self.port == 443) or (parts.scheme == "http" and self.port == 80)
         host = self.host if ":" not in self.host else f"[{self.host}]"

@@ -175,3 +175,13 @@ def test_sse_event_parsing_takes_only_complete_events() -> None:
     buffer = bytearray(b'data: {"a":1}\n\nid: 3\ndata: {"b":\ndata: 2}\n\n: comment\n\ndata: {"c"')
     assert _sse_events(buffer) == [b'{"a":1}', b'{"b":\n2}']
     assert bytes(buffer) == b'data: {"c"'
+
+
+async def test_an_oversized_answer_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("gateway.wire.MAX_ANSWER", 1000)
+    body = b'{"jsonrpc":"2.0","id":7,"result":{"content":[{"type":"text","text":"' + b"x" * 5000 + b'"}]}}'
+    async with scripted_server(lambda _: [_http("200 OK", "application/json", body)]) as (url, _, _):
+        wire = HttpWire(url, {}, lambda: None)
+        with pytest.raises(WireError, match="over 0 MiB"):
+            await wire.call(_call(), {}, None)
+        wire.close()
