@@ -177,7 +177,7 @@ async def call_tool(
     if view.confirms(entry) and (refusal := await confirm(ctx, entry, params)) is not None:
         outcome = "pending" if refusal.get("resultType") == "input_required" else "denied"
         if outcome == "denied":
-            registry.metrics.tool_calls.labels(entry.server, entry.public, outcome).inc()
+            registry.metrics.record_call(entry.server, entry.public, outcome)
         log.info("tool call", request_id=ctx.request_id, server=entry.server, tool=entry.public, outcome=outcome)
         return refusal
     wants_progress = bool(ctx.meta and ctx.meta.get("progress_token") is not None)
@@ -227,9 +227,7 @@ async def forward_call(
         raise MCPError(e.code, describe(e), e.error.data) from None
     finally:
         elapsed = time.perf_counter() - started
-        metrics = registry.metrics
-        metrics.tool_calls.labels(entry.server, entry.public, outcome).inc()
-        metrics.call_duration.labels(entry.server).observe(elapsed)
+        registry.metrics.record_call(entry.server, entry.public, outcome, elapsed)
         log.info(
             "tool call",
             request_id=request_id,

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from gateway import __version__
 
-CALL_OUTCOMES = ("ok", "tool_error", "unavailable", "timeout", "busy", "denied", "cancelled")
+CALL_OUTCOMES = ("ok", "tool_error", "unavailable", "timeout", "busy", "denied", "invalid", "cancelled")
 KNOWN_METHODS = frozenset(
     {
         "initialize",
@@ -67,6 +69,7 @@ class Metrics:
         )
         self.build_info = Gauge("manifold_build_info", "Always 1; the version is a label", ["version"], registry=r)
         self.build_info.labels(__version__).set(1)
+        self._children: dict[tuple[str, ...], Any] = {}  # labelled series, looked up once each
 
     def add_server(self, server: str) -> None:
         """Create a server's series at zero so they exist before its first event."""
@@ -79,7 +82,21 @@ class Metrics:
 
     def count_request(self, method: str) -> None:
         """Count one downstream message; unknown methods share the label `other`."""
-        self.downstream_requests.labels(method if method in KNOWN_METHODS else "other").inc()
+        label = method if method in KNOWN_METHODS else "other"
+        self._child(self.downstream_requests, "requests", label).inc()
+
+    def record_call(self, server: str, tool: str, outcome: str, seconds: float | None = None) -> None:
+        """Count one tool call by outcome, and time it when `seconds` is given."""
+        self._child(self.tool_calls, "calls", server, tool, outcome).inc()
+        if seconds is not None:
+            self._child(self.call_duration, "duration", server).observe(seconds)
+
+    def _child(self, metric: Any, kind: str, *labels: str) -> Any:
+        key = (kind, *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
 
     def render(self) -> tuple[bytes, str]:
         """The exposition text and its content type."""

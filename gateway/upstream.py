@@ -18,7 +18,7 @@ from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontext
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Any, Self, cast
+from typing import Any, Self
 
 import anyio
 import httpx2
@@ -479,13 +479,11 @@ class Upstream:
                 outcome="busy",
                 transient=False,
             )
-        request = types.CallToolRequest(
-            params=types.CallToolRequestParams(
-                name=name,
-                arguments=dict(arguments) if arguments is not None else None,
-                _meta=cast(types.RequestParamsMeta, dict(meta)) if meta else None,
-            )
-        )
+        params: Json = {"name": name}
+        if arguments is not None:
+            params["arguments"] = dict(arguments)
+        if meta:
+            params["_meta"] = dict(meta)
         acquired = False
         now = anyio.current_time()
         hard = now + self.spec.max_call_time if self.spec.max_call_time else math.inf
@@ -504,7 +502,8 @@ class Upstream:
             acquired = True
             try:
                 if self._direct is not None or self._wire is not None:
-                    return await self._call_direct(session, request, on_progress)
+                    return await self._call_direct(session, params, on_progress)
+                request = types.CallToolRequest(params=types.CallToolRequestParams.model_validate(params))
                 return await send_raw(session, request, progress=on_progress)
             except MCPError as e:
                 raise self._failure(e) from None
@@ -522,11 +521,9 @@ class Upstream:
             transient=True,
         )
 
-    async def _call_direct(
-        self, session: ClientSession, request: types.CallToolRequest, progress: ProgressFn | None
-    ) -> Json:
+    async def _call_direct(self, session: ClientSession, params: Json, progress: ProgressFn | None) -> Json:
         """The call over the gateway's own lean channel (stdio pipes or HTTP/1.1), stamped as the SDK would."""
-        data = {"jsonrpc": "2.0", **request.model_dump(by_alias=True, mode="json", exclude_none=True)}
+        data: Json = {"jsonrpc": "2.0", "method": "tools/call", "params": params}
         opts: Any = {}
         session._stamp(data, opts)
         headers: dict[str, str] = opts.get("headers", {})
