@@ -8,17 +8,16 @@ encode and one decode. Direct requests use ids from 2**40 up, far from the sessi
 from __future__ import annotations
 
 import asyncio
-import itertools
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import mcp.types as types
 import orjson
+from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.message import SessionMessage
 from pydantic import ValidationError
 
 Json = dict[str, Any]
-ProgressFn = Callable[[float, float | None, str | None], Awaitable[None]]
 FIRST_ID = 2**40
 
 
@@ -31,27 +30,29 @@ def encode_line(message: Json) -> bytes:
     return orjson.dumps(message) + b"\n"
 
 
+async def report_progress(params: Any, report: ProgressFnT) -> None:
+    """Hand a `notifications/progress` params object to `report`, if it carries a numeric progress."""
+    if isinstance(params, dict) and isinstance(progress := params.get("progress"), int | float):
+        total = params.get("total")
+        await report(progress, total if isinstance(total, int | float) else None, params.get("message"))
+
+
 class DirectChannel:
     """Direct request/response over newline-delimited JSON-RPC, sharing the pipes with an SDK session."""
 
     def __init__(self) -> None:
         self._write: Callable[[bytes], Awaitable[None]] | None = None
-        self._ids = itertools.count(FIRST_ID)
         self._pending: dict[int, asyncio.Future[Json]] = {}
-        self._progress: dict[int, ProgressFn] = {}
+        self._progress: dict[int, ProgressFnT] = {}
         self.closed = False
         self._background: set[asyncio.Future[None]] = set()
 
     def attach(self, write: Callable[[bytes], Awaitable[None]]) -> None:
         """Bind the channel to the server's stdin writer."""
-        self._write, self.closed = write, False
+        self._write = write
 
-    def next_id(self) -> int:
-        """A fresh id for a direct request."""
-        return next(self._ids)
-
-    async def request(self, message: Json, cancel: Json, progress: ProgressFn | None = None) -> Json:
-        """Send a request (its `id` from `next_id`) and return the server's JSON-RPC response as a dict.
+    async def request(self, message: Json, cancel: Json, progress: ProgressFnT | None = None) -> Json:
+        """Send a request (its integer `id` from FIRST_ID up) and return the server's JSON-RPC response as a dict.
 
         Cancelling the wait sends the server `cancel` (its `notifications/cancelled`). Raises `ConnectionLost`.
         """
@@ -103,10 +104,8 @@ class DirectChannel:
                 params = message.get("params")
                 token = params.get("progressToken") if isinstance(params, dict) else None
                 report = self._progress.get(token) if type(token) is int else None
-                if report is not None and isinstance(params, dict):
-                    progress, total = params.get("progress"), params.get("total")
-                    if isinstance(progress, int | float):
-                        await report(progress, total if isinstance(total, int | float) else None, params.get("message"))
+                if report is not None:
+                    await report_progress(params, report)
                     return None
         try:
             if message is None:

@@ -26,13 +26,13 @@ from mcp.shared.inbound import (
     ERROR_CODE_HTTP_STATUS,
     InboundModernRoute,
     classify_inbound_request,
+    find_duplicated_routing_header,
     validate_mcp_param_headers,
 )
 from mcp.types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway import __version__
 from gateway.auth import MESSAGE_KEY, view_of
 from gateway.calls import forward_call, forwardable_meta
 from gateway.frontend import Frontend
@@ -42,11 +42,9 @@ from gateway.upstream import SERVER_INFO_KEY
 Json = dict[str, Any]
 log = get_logger("fastlane")
 
-ROUTING_HEADERS = frozenset({b"mcp-protocol-version", b"mcp-method", b"mcp-name"})
 CALL_PARAMS = frozenset({"name", "arguments", "_meta"})
 LIST_PARAMS = frozenset({"_meta"})
 PARAM_HEADER_PREFIX = "mcp-param-"
-SERVER_INFO = {"name": "manifold", "version": __version__}
 REQUEST_CANCELLED = -32800
 INTERNAL_ERROR = -32603
 MAX_REMEMBERED = 1024
@@ -90,6 +88,7 @@ class FastLane:
         self._listings: dict[tuple[int, str, str], bytes] = {}
         self._legacy_calls: dict[tuple[str, Any], asyncio.Task[Json]] = {}
         self._foreign: dict[str, frozenset[str]] = {}
+        self._server_info = {"name": frontend.server.name, "version": frontend.server.version}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] == "/mcp":
@@ -103,8 +102,8 @@ class FastLane:
         method = message.get("method")
         if method not in ("tools/call", "tools/list", "notifications/cancelled"):
             return False
-        raw_headers: list[tuple[bytes, bytes]] = scope["headers"]
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in raw_headers}
+        pairs = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
+        headers = dict(pairs)
         if not await self._headers_ok(scope, headers):
             return False
         version = headers.get("mcp-protocol-version")
@@ -120,9 +119,7 @@ class FastLane:
         elif not isinstance(params, dict):
             return False
         if version in MODERN_PROTOCOL_VERSIONS:
-            if len([k for k, _ in raw_headers if k in ROUTING_HEADERS]) != len(
-                {k for k, _ in raw_headers} & ROUTING_HEADERS
-            ):
+            if find_duplicated_routing_header(pairs) is not None:
                 return False  # a repeated routing header: the SDK names it
             if not isinstance(classify_inbound_request(message, headers=headers), InboundModernRoute):
                 return False
@@ -260,7 +257,7 @@ class FastLane:
             return
         result = task.result()
         if modern:
-            result["_meta"] = {**result.get("_meta", {}), SERVER_INFO_KEY: SERVER_INFO}
+            result["_meta"] = {**result.get("_meta", {}), SERVER_INFO_KEY: self._server_info}
         else:
             if "resultType" in result:  # a modern-only answer (e.g. input_required) a 2025 client cannot take
                 body = {"code": INTERNAL_ERROR, "message": "Handler returned an invalid result"}
@@ -282,7 +279,7 @@ class FastLane:
             result: Json = {"tools": self.frontend.visible(view)}
             if version in MODERN_PROTOCOL_VERSIONS:
                 result.update(
-                    cacheScope="private", resultType="complete", ttlMs=0, _meta={SERVER_INFO_KEY: SERVER_INFO}
+                    cacheScope="private", resultType="complete", ttlMs=0, _meta={SERVER_INFO_KEY: self._server_info}
                 )
             cached = encode(result)
             self._listings = {k: v for k, v in self._listings.items() if k[0] == catalog_version}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import itertools
 import math
 import os
 import random
@@ -36,7 +37,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from gateway import __version__
 from gateway.config import ConfigError, ResolvedServer, ServerSpec, resolve
-from gateway.direct import FIRST_ID, ConnectionLost, DirectChannel, ProgressFn
+from gateway.direct import FIRST_ID, ConnectionLost, DirectChannel
 from gateway.egress import Checked, EgressDenied, EgressPolicy, check_url, pinned_transport
 from gateway.filters import apply_filters
 from gateway.logs import get_logger, redact_text
@@ -235,7 +236,7 @@ class Upstream:
         self._up = anyio.Event()
         self._reconnect_now = False
         self._foreign: frozenset[str] = frozenset()
-        self._direct_ids = FIRST_ID
+        self._ids = itertools.count(FIRST_ID)  # ids of calls on the lean channels
         self._background: set[asyncio.Future[None]] = set()
         self._limiter = anyio.CapacityLimiter(spec.max_concurrent)
         self._queued = 0
@@ -521,16 +522,13 @@ class Upstream:
             transient=True,
         )
 
-    async def _call_direct(self, session: ClientSession, params: Json, progress: ProgressFn | None) -> Json:
+    async def _call_direct(self, session: ClientSession, params: Json, progress: ProgressFnT | None) -> Json:
         """The call over the gateway's own lean channel (stdio pipes or HTTP/1.1), stamped as the SDK would."""
         data: Json = {"jsonrpc": "2.0", "method": "tools/call", "params": params}
         opts: Any = {}
         session._stamp(data, opts)
         headers: dict[str, str] = opts.get("headers", {})
-        if self._direct is not None:
-            data["id"] = request_id = self._direct.next_id()
-        else:
-            data["id"] = request_id = self._direct_ids = self._direct_ids + 1
+        data["id"] = request_id = next(self._ids)
         if progress is not None:
             data.setdefault("params", {}).setdefault("_meta", {})["progressToken"] = request_id
         reason = "the gateway's caller cancelled or timed out"
@@ -559,7 +557,7 @@ class Upstream:
         wire: HttpWire,
         data: Json,
         headers: dict[str, str],
-        progress: ProgressFn | None,
+        progress: ProgressFnT | None,
         cancel: tuple[Json, dict[str, str]],
     ) -> Json:
         try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from contextlib import suppress
 from typing import Any, cast
 from urllib.parse import urlsplit
@@ -21,11 +21,12 @@ import httptools
 import httpx2
 import mcp.types as types
 import orjson
+from mcp.shared.dispatcher import ProgressFnT
 
 from gateway import __version__
+from gateway.direct import report_progress
 
 Json = dict[str, Any]
-ProgressFn = Callable[[float, float | None, str | None], Awaitable[None]]
 MAX_IDLE = 64
 MAX_ANSWER = 64 * 1024 * 1024
 
@@ -212,6 +213,14 @@ class HttpWire:
         self._connect_timeout = connect_timeout
         self._idle: list[_Connection] = []
 
+    def _release(self, conn: _Connection) -> None:
+        """Back to the pool after a complete answer, or closed."""
+        if conn.reusable and not conn.closed and len(self._idle) < MAX_IDLE:
+            conn.exchange = None
+            self._idle.append(conn)
+        else:
+            conn.close()
+
     def _take_idle(self) -> _Connection | None:
         while self._idle:
             conn = self._idle.pop()
@@ -247,7 +256,7 @@ class HttpWire:
         lines = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
         return self._line + lines.encode("latin-1") + b"\r\n" + body
 
-    async def call(self, message: Json, headers: Mapping[str, str], progress: ProgressFn | None) -> Json:
+    async def call(self, message: Json, headers: Mapping[str, str], progress: ProgressFnT | None) -> Json:
         """POST one request and return the JSON-RPC response to it (an `error` reply for HTTP failures)."""
         body = orjson.dumps(message)
         request = self._head(body, headers)
@@ -271,15 +280,11 @@ class HttpWire:
             except BaseException:
                 conn.close()  # on the 2026 wire, dropping the POST is the cancellation
                 raise
-            if conn.reusable and not conn.closed and len(self._idle) < MAX_IDLE:
-                conn.exchange = None
-                self._idle.append(conn)
-            else:
-                conn.close()
+            self._release(conn)
             return reply
         raise WireError("unreachable")
 
-    async def _answer(self, exchange: _Exchange, request_id: Any, progress: ProgressFn | None, message: Json) -> Json:
+    async def _answer(self, exchange: _Exchange, request_id: Any, progress: ProgressFnT | None, message: Json) -> Json:
         status = exchange.status
         content_type = exchange.headers.get(b"content-type", b"").lower()
         if status == 202:
@@ -311,7 +316,7 @@ class HttpWire:
         await exchange.read()
         return _error(types.INVALID_REQUEST, f"Unexpected content type: {content_type.decode('latin-1')[:80]}")
 
-    async def _stream(self, exchange: _Exchange, request_id: Any, progress: ProgressFn | None) -> Json:
+    async def _stream(self, exchange: _Exchange, request_id: Any, progress: ProgressFnT | None) -> Json:
         buffer = bytearray()
         carry_cr = False
         while (chunk := await exchange.next_chunk()) is not None:
@@ -332,12 +337,7 @@ class HttpWire:
                     await _drain(exchange)
                     return message
                 if message.get("method") == "notifications/progress" and progress is not None:
-                    params = message.get("params")
-                    if isinstance(params, dict) and isinstance(params.get("progress"), int | float):
-                        total = params.get("total")
-                        await progress(
-                            params["progress"], total if isinstance(total, int | float) else None, params.get("message")
-                        )
+                    await report_progress(message.get("params"), progress)
         raise WireError("the event stream ended without an answer")
 
     async def notify(self, message: Json, headers: Mapping[str, str]) -> None:
@@ -348,11 +348,7 @@ class HttpWire:
                 exchange = conn.send(self._head(orjson.dumps(message), headers))
                 await exchange.head
                 await exchange.read()
-                if conn.reusable and len(self._idle) < MAX_IDLE:
-                    conn.exchange = None
-                    self._idle.append(conn)
-                else:
-                    conn.close()
+                self._release(conn)
 
     def close(self) -> None:
         """Close every pooled connection."""

@@ -95,8 +95,8 @@ async def test_sse_answer_relays_progress_across_split_chunks() -> None:
     pieces.append(b"0\r\n\r\n")
     seen: list[tuple[float, float | None, str | None]] = []
 
-    async def progress(p: float, total: float | None, message: str | None) -> None:
-        seen.append((p, total, message))
+    async def progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append((progress, total, message))
 
     async with scripted_server(lambda _: pieces) as (url, _, connections):
         wire = HttpWire(url, {}, lambda: None)
