@@ -35,7 +35,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.auth import MESSAGE_KEY, view_of
 from gateway.calls import forward_call, forwardable_meta
-from gateway.frontend import Frontend
+from gateway.frontend import LISTING_CACHE, Frontend
 from gateway.logs import get_logger
 from gateway.upstream import SERVER_INFO_KEY
 
@@ -279,7 +279,10 @@ class FastLane:
             result: Json = {"tools": self.frontend.visible(view)}
             if version in MODERN_PROTOCOL_VERSIONS:
                 result.update(
-                    cacheScope="private", resultType="complete", ttlMs=0, _meta={SERVER_INFO_KEY: self._server_info}
+                    cacheScope=LISTING_CACHE.scope,
+                    resultType="complete",
+                    ttlMs=LISTING_CACHE.ttl_ms,
+                    _meta={SERVER_INFO_KEY: self._server_info},
                 )
             cached = encode(result)
             self._listings = {k: v for k, v in self._listings.items() if k[0] == catalog_version}

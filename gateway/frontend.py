@@ -24,6 +24,8 @@ from gateway.registry import Registry
 
 log = get_logger("frontend")
 SESSION_HEADER = "mcp-session-id"
+# Per-token views (and live changes) make a listing private and immediately stale.
+LISTING_CACHE = CacheHint(ttl_ms=0, scope="private")
 
 
 class GatewayServer(Server[Any]):
@@ -76,8 +78,7 @@ class Frontend:
             on_call_tool=self._call_tool,
             on_subscriptions_listen=self._listen,
             get_tool_input_schema=self._input_schema,
-            # Per-token views (and live changes) make a listing private and immediately stale.
-            cache_hints={"tools/list": CacheHint(ttl_ms=0, scope="private")},
+            cache_hints={"tools/list": LISTING_CACHE},
         )
         # The OpenTelemetry middleware costs CPU on every call and exports nothing without a collector.
         self.server.middleware = [self._track_sessions, self._cached_listing]
