@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import random
 import secrets
 import time
 from collections.abc import Mapping
@@ -17,11 +16,13 @@ from mcp import MCPError
 from mcp.server import ServerRequestContext
 from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 
-from gateway.auth import View
+from gateway.access import View
+from gateway.backoff import Backoff
 from gateway.catalog import Entry
 from gateway.labels import META_PREFIX
 from gateway.logs import get_logger
-from gateway.upstream import FORWARDED, SERVER_INFO_KEY, CallFailed, Upstream, describe
+from gateway.upstream.connection import FORWARDED, SERVER_INFO_KEY, Upstream
+from gateway.upstream.errors import CallFailed, describe
 
 if TYPE_CHECKING:
     from gateway.registry import Registry
@@ -99,7 +100,7 @@ async def call_with_retries(
 ) -> Json:
     """Call once; on a transient failure retry read-only/idempotent tools with capped backoff."""
     policy = upstream.spec.retry
-    delay = policy.initial_delay
+    backoff = Backoff(policy.initial_delay, policy.max_delay, jitter=(0.8, 1.2))
     attempt = 1
     while True:
         try:
@@ -110,8 +111,7 @@ async def call_with_retries(
                 raise
             log.info("retrying call", server=entry.server, tool=entry.public, attempt=attempt, reason=str(failure))
             upstream.retried()
-            await anyio.sleep(delay * random.uniform(0.8, 1.2))
-            delay = min(delay * 2, policy.max_delay)
+            await anyio.sleep(backoff.delay())
             attempt += 1
             # A server that is reconnecting gets a moment, bounded so a dead one fails the call soon.
             await upstream.wait_up(min(upstream.spec.startup_timeout, policy.max_delay))

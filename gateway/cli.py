@@ -73,8 +73,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _serve(settings: Settings, config: FileConfig) -> int:
-    from gateway.app import Unsafe, serve
     from gateway.logs import configure
+    from gateway.serve import Unsafe, serve
 
     configure(settings.log_level, settings.log_format)
     try:
@@ -110,7 +110,7 @@ def _check(settings: Settings, config: FileConfig) -> int:
 async def _tools(settings: Settings, config: FileConfig, as_json: bool) -> int:
     from gateway.logs import configure
     from gateway.registry import Registry
-    from gateway.upstream import State
+    from gateway.upstream.errors import State
 
     configure("warning", "console")
     registry = Registry(config.servers, credentials=settings.credentials)

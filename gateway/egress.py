@@ -17,7 +17,8 @@ from urllib.parse import urlsplit
 import anyio.to_thread
 import httpx2
 from httpcore2 import AsyncNetworkStream
-from httpcore2._backends.auto import AutoBackend
+
+from gateway.internals.httpcore import AutoBackend, set_network_backend
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -32,10 +33,9 @@ class EgressDenied(Exception):
 
 @dataclass(frozen=True)
 class Checked:
-    """A URL that passed: its host, port and the address the connection must use."""
+    """A URL that passed: its host and the address the connection must use."""
 
     host: str
-    port: int
     address: str
 
 
@@ -118,7 +118,7 @@ async def check_url(url: str, policy: EgressPolicy, resolve: Resolver = system_r
             raise EgressDenied(
                 f"host {host!r} resolves to {address}, a {why} address; allow it in runtime.egress.allow"
             )
-    return Checked(host=host, port=port, address=addresses[0])
+    return Checked(host=host, address=addresses[0])
 
 
 class PinnedBackend(AutoBackend):
@@ -145,5 +145,5 @@ class PinnedBackend(AutoBackend):
 def pinned_transport(checked: Checked) -> httpx2.AsyncHTTPTransport:
     """An HTTP transport whose connections go only to the address that passed the check (TLS keeps the name)."""
     transport = httpx2.AsyncHTTPTransport()
-    transport._pool._network_backend = PinnedBackend(checked)  # type: ignore[attr-defined]
+    set_network_backend(transport, PinnedBackend(checked))
     return transport

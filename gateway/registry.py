@@ -14,7 +14,8 @@ from gateway.config import ServerSpec
 from gateway.egress import EgressPolicy
 from gateway.logs import get_logger
 from gateway.metrics import Metrics
-from gateway.upstream import State, Upstream
+from gateway.upstream.connection import Upstream
+from gateway.upstream.errors import State
 
 log = get_logger("registry")
 Listener = Callable[[], Awaitable[None]]

@@ -16,7 +16,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from gateway.auth import AuthConfig
+from gateway.access import AuthConfig
 from gateway.config import ConfigError, FileConfig, load_config
 from gateway.interpolate import MissingVariable, interpolate
 

@@ -68,9 +68,7 @@ async def test_a_name_that_resolves_to_a_private_address_is_refused() -> None:
 
 async def test_public_names_pass_and_the_checked_address_is_pinned() -> None:
     checked = await check_url("https://mcp.example.com:8443/mcp", NONE, _resolves_private)
-    assert (checked.host, checked.port, checked.address) == ("mcp.example.com", 8443, "93.184.215.14")
-    default = await check_url("http://mcp.example.com/mcp", NONE, _resolves_private)
-    assert default.port == 80
+    assert (checked.host, checked.address) == ("mcp.example.com", "93.184.215.14")
 
 
 async def test_allow_list_by_cidr_and_by_name() -> None:

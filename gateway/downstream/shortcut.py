@@ -33,14 +33,14 @@ from mcp.types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSI
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.auth import MESSAGE_KEY, view_of
 from gateway.calls import forward_call, forwardable_meta
-from gateway.frontend import LISTING_CACHE, Frontend
+from gateway.downstream.gate import MESSAGE_KEY, view_of
+from gateway.downstream.server import LISTING_CACHE, Frontend
 from gateway.logs import get_logger
-from gateway.upstream import SERVER_INFO_KEY
+from gateway.upstream.connection import SERVER_INFO_KEY
 
 Json = dict[str, Any]
-log = get_logger("fastlane")
+log = get_logger("shortcut")
 
 CALL_PARAMS = frozenset({"name", "arguments", "_meta"})
 LIST_PARAMS = frozenset({"_meta"})
@@ -75,7 +75,7 @@ async def _disconnected(receive: Receive) -> None:
         pass
 
 
-class FastLane:
+class Shortcut:
     """ASGI middleware in front of the SDK's `/mcp` app (behind the auth gate, which parses the body)."""
 
     def __init__(self, app: ASGIApp, frontend: Frontend, security: TransportSecuritySettings | None) -> None:

@@ -7,14 +7,10 @@ server's filters, then serves calls until the connection ends; it reconnects wit
 
 from __future__ import annotations
 
-import asyncio
-import enum
-import itertools
 import math
 import os
-import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from contextvars import ContextVar
 from datetime import UTC, datetime
@@ -25,28 +21,29 @@ import anyio
 import httpx2
 import mcp.types as types
 from mcp import ClientSession, MCPError
-from mcp.client._probe import negotiate_auto
-from mcp.client.session import IncomingMessage, _later_revision_fields
+from mcp.client.session import IncomingMessage
 from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.client.subscriptions import ListenNotSupportedError, SubscriptionLost, listen
 from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.message import SessionMessage
 from mcp.types.version import MODERN_PROTOCOL_VERSIONS
-from pydantic import TypeAdapter, ValidationError
+from pydantic import ValidationError
 
 from gateway import __version__
+from gateway.backoff import Backoff
 from gateway.config import ConfigError, ResolvedServer, ServerSpec, resolve
-from gateway.direct import FIRST_ID, ConnectionLost, DirectChannel
 from gateway.egress import Checked, EgressDenied, EgressPolicy, check_url, pinned_transport
 from gateway.filters import apply_filters
-from gateway.logs import get_logger, redact_text
+from gateway.internals.sdk import negotiate_auto
+from gateway.logs import get_logger
 from gateway.metrics import Metrics
-from gateway.stdio import stdio_transport
-from gateway.wire import HttpWire, WireError, uses_proxy
+from gateway.upstream.errors import State, describe
+from gateway.upstream.http11 import HttpWire, uses_proxy
+from gateway.upstream.invoke import Channel, Invoker, send_raw
+from gateway.upstream.stdio import DirectChannel, stdio_transport
 
 Json = dict[str, Any]
-RAW: TypeAdapter[Any] = TypeAdapter(dict[str, Any])
 CLIENT_INFO = types.Implementation(name="manifold", version=__version__)
 SERVER_INFO_KEY = "io.modelcontextprotocol/serverInfo"
 
@@ -57,47 +54,6 @@ FORWARDED: ContextVar[Mapping[str, str] | None] = ContextVar("manifold_forwarded
 async def _add_forwarded(request: httpx2.Request) -> None:
     for name, value in (FORWARDED.get() or {}).items():
         request.headers[name] = value
-
-
-class State(enum.StrEnum):
-    """Where a server's connection stands."""
-
-    CONNECTING = "connecting"
-    UP = "up"
-    DOWN = "down"
-    DISABLED = "disabled"
-
-
-class CallFailed(Exception):
-    """A call did not reach a result. The message says why, for the model to read.
-
-    `transient` failures may be retried for read-only and idempotent tools; `repeatable` ones never
-    reached the tool, so any tool may be retried; `outcome` is the metrics outcome.
-    """
-
-    def __init__(self, message: str, *, outcome: str, transient: bool, repeatable: bool = False) -> None:
-        super().__init__(message)
-        self.outcome, self.transient, self.repeatable = outcome, transient, repeatable
-
-
-def _unavailable(name: str, reason: str) -> CallFailed:
-    return CallFailed(f"server '{name}' is unavailable: {reason}", outcome="unavailable", transient=True)
-
-
-class Backoff:
-    """Exponential backoff with jitter: about 1 s first, doubling, capped; reset after a healthy spell."""
-
-    def __init__(self, first: float = 1.0, cap: float = 60.0, healthy_after: float = 30.0) -> None:
-        self.first, self.cap, self.healthy_after = first, cap, healthy_after
-        self._next = first
-
-    def delay(self, healthy_for: float) -> float:
-        """The wait before the next attempt, given how long the last connection stayed up."""
-        if healthy_for >= self.healthy_after:
-            self._next = self.first
-        delay = self._next
-        self._next = min(self._next * 2, self.cap)
-        return delay * random.uniform(0.5, 1.0)
 
 
 class _WatchedReadStream:
@@ -140,59 +96,7 @@ class _WatchedReadStream:
         return getattr(self._inner, "last_context", None)
 
 
-async def send_raw(
-    session: ClientSession,
-    request: types.ClientRequest,
-    *,
-    timeout: float | None = None,
-    progress: ProgressFnT | None = None,
-) -> Json:
-    """Send a request; its result comes back as the wire dict (no re-validation of tool output)."""
-    result: Json = await session.send_request(
-        request,
-        RAW,  # type: ignore[type-var]
-        request_read_timeout_seconds=timeout,
-        progress_callback=progress,
-    )
-    return result
-
-
-def describe(exc: BaseException) -> str:
-    """A short, secret-free reason for a failure (ExceptionGroups unwrapped)."""
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    if isinstance(exc, MCPError):
-        text = exc.error.message
-    elif isinstance(exc, httpx2.ConnectError):
-        text = "connection refused or host unreachable"
-    elif isinstance(exc, httpx2.TimeoutException):
-        text = "HTTP timeout"
-    elif isinstance(exc, httpx2.HTTPStatusError):
-        text = f"HTTP {exc.response.status_code}"
-    elif isinstance(exc, FileNotFoundError):
-        text = f"command not found: {exc.filename}" if exc.filename else "command not found"
-    elif isinstance(exc, EgressDenied):
-        text = f"egress check failed: {exc}"
-    elif isinstance(exc, TimeoutError):
-        text = "timed out"
-    else:
-        text = str(exc) or type(exc).__name__
-    return redact_text(text.splitlines()[0] if text else type(exc).__name__)[:300]
-
-
 ChangeCallback = Callable[["Upstream"], Awaitable[None]]
-
-
-def _plausible_result(result: Any) -> bool:
-    """A cheap shape check of a tool result forwarded without model validation."""
-    if not isinstance(result, dict):
-        return False
-    content = result.get("content", [])
-    if not isinstance(content, list) or not all(
-        isinstance(c, dict) and isinstance(c.get("type"), str) for c in content
-    ):
-        return False
-    return isinstance(result.get("isError", False), bool) and isinstance(result.get("structuredContent", {}), dict)
 
 
 class Upstream:
@@ -232,14 +136,11 @@ class Upstream:
         self.settled = anyio.Event()
         self._refresh_wanted = anyio.Event()
         self._closed = anyio.Event()
-        self._backoff = Backoff()
+        self._backoff = Backoff(1.0, 60.0, healthy_after=30.0)
         self._up = anyio.Event()
         self._reconnect_now = False
-        self._foreign: frozenset[str] = frozenset()
-        self._ids = itertools.count(FIRST_ID)  # ids of calls on the lean channels
-        self._background: set[asyncio.Future[None]] = set()
-        self._limiter = anyio.CapacityLimiter(spec.max_concurrent)
-        self._queued = 0
+        self._tasks: anyio.abc.TaskGroup | None = None
+        self._invoker = Invoker(self)
 
     async def run(self) -> None:
         """The owner task: connect, serve, reconnect with backoff, until cancelled."""
@@ -295,7 +196,6 @@ class Upstream:
             raise TimeoutError(f"no answer within startup_timeout ({self.spec.startup_timeout:g} s)")
 
     async def _serve(self, session: ClientSession, tools: tuple[Json, ...]) -> None:
-        self._foreign = _later_revision_fields("tools/call", session.protocol_version or "2025-11-25")
         self.session = session
         self.protocol_version = session.protocol_version
         self.tools = tools
@@ -304,12 +204,14 @@ class Upstream:
         await self._set_state(State.UP, None)
         self.settled.set()
         async with anyio.create_task_group() as tg:
+            self._tasks = tg
             tg.start_soon(self._refresher, session)
             if session.protocol_version in MODERN_PROTOCOL_VERSIONS:
                 tg.start_soon(self._listen, session)
             if self.spec.refresh_interval:
                 tg.start_soon(self._poll, self.spec.refresh_interval)
             await self._closed.wait()
+            self._tasks = None
             tg.cancel_scope.cancel()
 
     async def _transport(self, r: ResolvedServer) -> AbstractAsyncContextManager[Any]:
@@ -464,155 +366,28 @@ class Upstream:
         meta: Mapping[str, Any] | None,
         report: ProgressFnT | None = None,
     ) -> Json:
-        """Call a tool by its ORIGINAL name; the raw result dict comes back as the upstream sent it.
+        """Call a tool by its ORIGINAL name (see `Invoker.call`)."""
+        return await self._invoker.call(name, arguments, meta, report)
 
-        `timeout` bounds silence (each progress notice restarts the clock) and `max_call_time` the
-        whole call; a call that runs out is cancelled upstream. Raises `CallFailed`, or `MCPError`
-        for an error the upstream answered with.
-        """
-        session = self.session
-        if session is None or self.state is not State.UP:
-            raise _unavailable(self.name, self.error or self.state.value)
-        if self._limiter.available_tokens < 1 and self._queued >= self.spec.max_queued:
-            raise CallFailed(
-                f"server '{self.name}' is busy: {self.spec.max_concurrent} calls in flight "
-                f"and {self._queued} waiting; try again later",
-                outcome="busy",
-                transient=False,
-            )
-        params: Json = {"name": name}
-        if arguments is not None:
-            params["arguments"] = dict(arguments)
-        if meta:
-            params["_meta"] = dict(meta)
-        acquired = False
-        now = anyio.current_time()
-        hard = now + self.spec.max_call_time if self.spec.max_call_time else math.inf
-        with anyio.CancelScope(deadline=min(now + self.spec.timeout, hard)) as scope:
+    @property
+    def channel(self) -> Channel | None:
+        """The lean channel calls take, when the connection has one."""
+        return self._direct if self._direct is not None else self._wire
 
-            async def on_progress(progress: float, total: float | None, message: str | None) -> None:
-                scope.deadline = min(anyio.current_time() + self.spec.timeout, hard)
-                if report is not None:
-                    await report(progress, total, message)
+    @property
+    def cancels_by_notice(self) -> bool:
+        """Whether a call is cancelled with `notifications/cancelled` (stdio, and 2025-era HTTP servers);
+        on the 2026 HTTP wire, dropping the request's connection is the cancel."""
+        return self._direct is not None or self.protocol_version not in MODERN_PROTOCOL_VERSIONS
 
-            self._queued += 1
-            try:
-                await self._limiter.acquire()
-            finally:
-                self._queued -= 1
-            acquired = True
-            try:
-                if self._direct is not None or self._wire is not None:
-                    return await self._call_direct(session, params, on_progress)
-                request = types.CallToolRequest(params=types.CallToolRequestParams.model_validate(params))
-                return await send_raw(session, request, progress=on_progress)
-            except MCPError as e:
-                raise self._failure(e) from None
-            finally:
-                self._limiter.release()
-        if not acquired:
-            raise CallFailed(
-                f"server '{self.name}' is busy: no free slot within the {self.spec.timeout:g} s timeout",
-                outcome="busy",
-                transient=False,
-            )
-        raise CallFailed(
-            f"server '{self.name}' did not answer within {self._limit_text(hard - now)}; the call was cancelled",
-            outcome="timeout",
-            transient=True,
-        )
+    def spawn(self, work: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
+        """Run `work` in the connection's task group: it ends when the connection does."""
+        if self._tasks is not None:
+            self._tasks.start_soon(work, *args)
 
-    async def _call_direct(self, session: ClientSession, params: Json, progress: ProgressFnT | None) -> Json:
-        """The call over the gateway's own lean channel (stdio pipes or HTTP/1.1), stamped as the SDK would."""
-        data: Json = {"jsonrpc": "2.0", "method": "tools/call", "params": params}
-        opts: Any = {}
-        session._stamp(data, opts)
-        headers: dict[str, str] = opts.get("headers", {})
-        data["id"] = request_id = next(self._ids)
-        if progress is not None:
-            data.setdefault("params", {}).setdefault("_meta", {})["progressToken"] = request_id
-        reason = "the gateway's caller cancelled or timed out"
-        cancel: Json = {
-            "jsonrpc": "2.0",
-            "method": "notifications/cancelled",
-            "params": {"requestId": request_id, "reason": reason},
-        }
-        cancel_opts: Any = {}
-        session._stamp(cancel, cancel_opts)
-        try:
-            if self._direct is not None:
-                reply = await self._direct.request(data, cancel, progress)
-            else:
-                assert self._wire is not None
-                reply = await self._wire_call(
-                    self._wire, data, headers, progress, (cancel, cancel_opts.get("headers", {}))
-                )
-        except (ConnectionLost, WireError) as e:
-            self._closed.set()
-            raise _unavailable(self.name, f"the connection was lost during the call ({e})") from None
-        return self._result_of(reply)
-
-    async def _wire_call(
-        self,
-        wire: HttpWire,
-        data: Json,
-        headers: dict[str, str],
-        progress: ProgressFnT | None,
-        cancel: tuple[Json, dict[str, str]],
-    ) -> Json:
-        try:
-            return await wire.call(data, headers, progress)
-        except BaseException:
-            if self.protocol_version not in MODERN_PROTOCOL_VERSIONS:
-                # 2025-era servers ignore a dropped POST; they are told with a notification.
-                task = asyncio.ensure_future(wire.notify(*cancel))
-                self._background.add(task)
-                task.add_done_callback(self._background.discard)
-            raise
-
-    def _result_of(self, reply: Json) -> Json:
-        error = reply.get("error")
-        if error is not None:
-            try:
-                data = types.ErrorData.model_validate(error)
-            except ValidationError:
-                data = types.ErrorData(code=types.INTERNAL_ERROR, message="malformed error response")
-            raise MCPError(data.code, data.message, data.data)
-        result = reply.get("result")
-        if not _plausible_result(result):
-            raise CallFailed(
-                f"server '{self.name}' answered with something that is not a tool result",
-                outcome="invalid",
-                transient=False,
-            )
-        assert isinstance(result, dict)
-        if not self._foreign.isdisjoint(result):
-            result = {k: v for k, v in result.items() if k not in self._foreign}
-        return result
-
-    def _limit_text(self, total: float) -> str:
-        if total <= self.spec.timeout or math.isinf(total):
-            return f"the {self.spec.timeout:g} s timeout"
-        return f"max_call_time ({total:g} s)"
-
-    def _failure(self, e: MCPError) -> CallFailed | MCPError:
-        code, message = e.code, e.error.message
-        if code == types.CONNECTION_CLOSED:
-            self._closed.set()
-            return _unavailable(self.name, "the connection was lost during the call")
-        if code == types.REQUEST_TIMEOUT:
-            return CallFailed(f"server '{self.name}' timed out", outcome="timeout", transient=True)
-        if code == types.INVALID_REQUEST and message == "Session terminated":
-            self.reconnect()
-            return CallFailed(
-                f"server '{self.name}' ended the session", outcome="unavailable", transient=True, repeatable=True
-            )
-        if code == types.INTERNAL_ERROR and message == "Server returned an error response":
-            if self.protocol_version not in MODERN_PROTOCOL_VERSIONS:
-                # Session servers that forgot the session (a restart) often answer 400, not 404: start afresh.
-                self.reconnect()
-            return _unavailable(self.name, "it answered with an HTTP error status")
-        return e
+    def lost(self) -> None:
+        """The connection broke under a call: end it, and reconnect with backoff."""
+        self._closed.set()
 
     async def _set_state(self, state: State, error: str | None) -> None:
         changed = state is not self.state

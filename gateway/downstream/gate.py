@@ -1,108 +1,47 @@
-"""Who is calling: bearer tokens, their scopes (views of the catalog), rate limits and request limits.
+"""The gate in front of `/mcp`: bearer tokens, rate limits, body and nesting limits, JSON-RPC decoding.
 
-`AuthGate` is plain ASGI middleware in front of `/mcp`: it authenticates, rate-limits, bounds the body
-and its nesting, binds 2025-era sessions to the token that opened them, and hands the caller's `View`
-to the MCP handlers through the request scope.
+`AuthGate` is plain ASGI middleware: it authenticates, rate-limits, bounds the body and its nesting,
+parses the body once, binds 2025-era sessions to the token that opened them, and hands the caller's
+`View` and the parsed message to what follows through the request scope.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import hmac
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from mcp.server.transport_security import TransportSecuritySettings
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway.access import OPEN_VIEW, TokenSpec, View, views_for
 from gateway.bucket import TokenBucket
-from gateway.catalog import Entry
 from gateway.logs import get_logger
 
-log = get_logger("auth")
-GatedPolicy = Literal["allow", "deny", "confirm"]
+log = get_logger("gate")
 SCOPE_KEY = "manifold_view"
 SESSION_HEADER = b"mcp-session-id"
 MESSAGE_KEY = "manifold_message"
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "[::1]")
 
 
-class TokenSpec(BaseModel):
-    """One API token: its secret (`token`, usually `${ENV}`, or `sha256`) and its scope."""
+def transport_security(allowed_hosts: list[str], allowed_origins: list[str]) -> TransportSecuritySettings:
+    """Host/Origin checks against DNS rebinding: loopback names plus the configured extras.
 
-    model_config = ConfigDict(extra="forbid")
-
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-    token: SecretStr | None = None
-    sha256: str | None = Field(None, pattern=r"^[0-9a-fA-F]{64}$")
-    servers: list[str] = Field(default_factory=lambda: ["*"])
-    tools: list[str] = Field(default_factory=lambda: ["*"])
-    gated: GatedPolicy = "allow"
-    rate: float | None = Field(None, gt=0, description="requests per second")
-    burst: int | None = Field(None, ge=1)
-
-    @model_validator(mode="after")
-    def _one_secret(self) -> TokenSpec:
-        if (self.token is None) == (self.sha256 is None):
-            raise ValueError("give exactly one of `token` (e.g. ${ENV_VAR}) or `sha256`")
-        return self
-
-    def digest(self) -> bytes:
-        """The SHA-256 of the secret, as bytes."""
-        if self.sha256 is not None:
-            return bytes.fromhex(self.sha256)
-        assert self.token is not None
-        return hashlib.sha256(self.token.get_secret_value().encode()).digest()
-
-
-class AuthConfig(BaseModel):
-    """`auth:` in the config."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    tokens: list[TokenSpec] = Field(default_factory=list)
-
-    @model_validator(mode="after")
-    def _unique(self) -> AuthConfig:
-        names = [t.name for t in self.tokens]
-        if len(names) != len(set(names)):
-            raise ValueError("token names must be unique")
-        return self
-
-
-def _matches(value: str, patterns: Sequence[str]) -> bool:
-    return any(value == p or fnmatch.fnmatchcase(value, p) for p in patterns)
-
-
-@dataclass(frozen=True)
-class View:
-    """What one caller may see and call."""
-
-    name: str
-    servers: tuple[str, ...] = ("*",)
-    tools: tuple[str, ...] = ("*",)
-    gated: GatedPolicy = "allow"
-
-    def allows(self, entry: Entry) -> bool:
-        """Whether the tool is visible (and callable) for this caller."""
-        if self.gated == "deny" and entry.labels.gated:
-            return False
-        return _matches(entry.server, self.servers) and _matches(entry.public, self.tools)
-
-    def confirms(self, entry: Entry) -> bool:
-        """Whether a call of this tool needs the human's confirmation first."""
-        return self.gated == "confirm" and entry.labels.gated
-
-
-OPEN_VIEW = View("anonymous")
-
-
-def views_for(tokens: Iterable[TokenSpec]) -> list[View]:
-    """One view per token; the open view when there are no tokens."""
-    views = [View(t.name, tuple(t.servers), tuple(t.tools), t.gated) for t in tokens]
-    return views or [OPEN_VIEW]
+    `allowed_hosts: ["*"]` turns the checks off (for a proxy in front that owns `Host`).
+    """
+    if "*" in allowed_hosts:
+        return TransportSecuritySettings(enable_dns_rebinding_protection=False)
+    hosts = [h for local in LOCAL_HOSTS for h in (local, f"{local}:*")]
+    origins = [o for local in LOCAL_HOSTS for o in (f"http://{local}", f"http://{local}:*")]
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True,
+        allowed_hosts=[*hosts, *allowed_hosts],
+        allowed_origins=[*origins, *allowed_origins],
+    )
 
 
 def nesting_depth_exceeds(body: bytes, limit: int) -> bool:
@@ -175,10 +114,6 @@ class AuthGate:
             t.name: TokenBucket(t.rate, t.burst or max(1, int(t.rate * 2))) for _, t in self._tokens if t.rate
         }
         self._session_owner: dict[bytes, str] = {}
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self._tokens)
 
     def _identify(self, header: bytes | None) -> TokenSpec | None:
         if not header or header[:7].lower() != b"bearer ":

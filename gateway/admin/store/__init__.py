@@ -38,16 +38,16 @@ class Store(Protocol):
 
 def open_store(url: str | None) -> Store:
     """The store for a `store:` setting: None (memory), `sqlite:///path` or `redis://host:port/db`."""
-    from gateway.store.memory import MemoryStore
+    from gateway.admin.store.memory import MemoryStore
 
     if not url:
         return MemoryStore()
     if url.startswith("sqlite:///"):
-        from gateway.store.sqlite import SqliteStore
+        from gateway.admin.store.sqlite import SqliteStore
 
         return SqliteStore(url.removeprefix("sqlite:///"))
     if url.startswith(("redis://", "rediss://", "unix://")):
-        from gateway.store.redis import RedisStore
+        from gateway.admin.store.redis import RedisStore
 
         return RedisStore(url)
     raise StoreError(

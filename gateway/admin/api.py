@@ -11,9 +11,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from gateway.admin.servers import Runtime, RuntimeError_
 from gateway.registry import Registry
-from gateway.runtime import Runtime, RuntimeError_
-from gateway.upstream import Upstream
+from gateway.upstream.connection import Upstream
 
 Handler = Callable[[Request], Awaitable[Response]]
 MAX_BODY = 64 * 1024

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 import anyio
 
-from gateway.store import Options
+from gateway.admin.store import Options
 
 
 class MemoryStore:

@@ -17,8 +17,9 @@ from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, Too
 from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 
 from gateway import __version__
-from gateway.auth import OPEN_VIEW, View, view_of
+from gateway.access import OPEN_VIEW, View
 from gateway.calls import call_tool
+from gateway.downstream.gate import view_of
 from gateway.logs import get_logger
 from gateway.registry import Registry
 
@@ -28,7 +29,7 @@ SESSION_HEADER = "mcp-session-id"
 LISTING_CACHE = CacheHint(ttl_ms=0, scope="private")
 
 
-class GatewayServer(Server[Any]):
+class ManifoldServer(Server[Any]):
     """The SDK's low-level server, advertising `tools.listChanged` to 2025-era clients too."""
 
     def create_initialization_options(
@@ -70,7 +71,7 @@ class Frontend:
         self.draining = False
         self.calls_in_flight = 0
         self._calls_done = anyio.Event()
-        self.server = GatewayServer(
+        self.server = ManifoldServer(
             "manifold",
             version=__version__,
             instructions="Tools of several MCP servers, each named <server>__<tool>.",
@@ -138,7 +139,7 @@ class Frontend:
             with anyio.move_on_after(timeout):
                 await self._calls_done.wait()
         # The last results still travel through the transport's streams to the socket; give them a moment
-        # before the caller (GatewayServer.shutdown) ends every remaining stream.
+        # before the caller (DrainingServer.shutdown) ends every remaining stream.
         await anyio.sleep(0.25)
 
     def close_listen_streams(self) -> None:

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from gateway.wire import HttpWire, WireError, _sse_events
+from gateway.upstream.errors import AnswerLost, BadAnswer, HttpStatus, NotSent, SessionExpired
+from gateway.upstream.http11 import HttpWire, _sse_events
 
 Script = Callable[[bytes], list[bytes] | None]
 CLOSE = b"<close the connection>"
@@ -72,7 +73,7 @@ async def test_json_answer_and_headers_sent() -> None:
     body = b'{"jsonrpc":"2.0","id":7,"result":{"content":[]}}'
     async with scripted_server(lambda _: [_http("200 OK", "application/json", body)]) as (url, requests, _):
         wire = HttpWire(url, {"Authorization": "Bearer s3cret"}, lambda: "sess-1")
-        reply = await wire.call(_call(), {"mcp-protocol-version": "2025-11-25"}, None)
+        reply = await wire.request(_call(), {"mcp-protocol-version": "2025-11-25"}, None)
         wire.close()
     assert reply == {"jsonrpc": "2.0", "id": 7, "result": {"content": []}}
     sent = requests[0].lower()
@@ -100,8 +101,8 @@ async def test_sse_answer_relays_progress_across_split_chunks() -> None:
 
     async with scripted_server(lambda _: pieces) as (url, _, connections):
         wire = HttpWire(url, {}, lambda: None)
-        reply = await wire.call(_call(), {}, progress)
-        again = await wire.call(_call(), {}, progress)
+        reply = await wire.request(_call(), {}, progress)
+        again = await wire.request(_call(), {}, progress)
         wire.close()
     assert reply["result"]["content"][0]["text"] == "ok"
     assert again == reply
@@ -109,37 +110,62 @@ async def test_sse_answer_relays_progress_across_split_chunks() -> None:
     assert len(connections) == 1  # the connection was kept alive and reused
 
 
+async def test_a_json_rpc_error_at_an_error_status_is_passed_on() -> None:
+    body = b'{"jsonrpc":"2.0","id":null,"error":{"code":-32602,"message":"bad"}}'
+    async with scripted_server(lambda _: [_http("400 Bad", "application/json", body)]) as (url, _, _):
+        wire = HttpWire(url, {}, lambda: "s")
+        reply = await wire.request(_call(), {}, None)
+        wire.close()
+    assert reply == {"jsonrpc": "2.0", "id": 7, "error": {"code": -32602, "message": "bad"}}
+
+
 @pytest.mark.parametrize(
-    ("status", "content_type", "body", "session", "code", "message"),
+    ("status", "content_type", "body", "session", "failure", "code", "message"),
     [
-        ("404 Not Found", "text/plain", b"gone", "s", -32600, "Session terminated"),
-        ("404 Not Found", "text/plain", b"gone", None, -32601, "Not Found"),
-        ("500 Oops", "text/plain", b"x", "s", -32603, "Server returned an error response"),
+        ("404 Not Found", "text/plain", b"gone", "s", SessionExpired, None, "HTTP 404 on the session"),
+        ("404 Not Found", "text/plain", b"gone", None, BadAnswer, -32601, "Not Found"),
+        ("500 Oops", "text/plain", b"x", "s", HttpStatus, None, "HTTP 500"),
         (
-            "400 Bad",
+            "202 Accepted",
             "application/json",
-            b'{"jsonrpc":"2.0","id":null,"error":{"code":-32602,"message":"bad"}}',
+            b"",
             "s",
-            -32602,
-            "bad",
+            BadAnswer,
+            -32600,
+            "server answered a request with 202 Accepted",
         ),
-        ("202 Accepted", "application/json", b"", "s", -32600, "server answered a request with 202 Accepted"),
-        ("307 Moved", "text/plain", b"", "s", -32600, "the server redirected the call (HTTP 307); not followed"),
-        ("200 OK", "text/html", b"<p>", "s", -32600, "Unexpected content type: text/html"),
-        ("200 OK", "application/json", b"{not json", "s", -32700, "Failed to parse JSON response"),
+        (
+            "307 Moved",
+            "text/plain",
+            b"",
+            "s",
+            BadAnswer,
+            -32600,
+            "the server redirected the call (HTTP 307); not followed",
+        ),
+        ("200 OK", "text/html", b"<p>", "s", BadAnswer, -32600, "Unexpected content type: text/html"),
+        ("200 OK", "application/json", b"{not json", "s", BadAnswer, -32700, "Failed to parse JSON response"),
     ],
 )
-async def test_failures_map_like_the_sdk_transport(
-    status: str, content_type: str, body: bytes, session: str | None, code: int, message: str
+async def test_failures_are_typed(
+    status: str,
+    content_type: str,
+    body: bytes,
+    session: str | None,
+    failure: type[Exception],
+    code: int | None,
+    message: str,
 ) -> None:
     async with scripted_server(lambda _: [_http(status, content_type, body)]) as (url, _, _):
         wire = HttpWire(url, {}, lambda: session)
-        reply = await wire.call(_call(), {}, None)
+        with pytest.raises(failure) as caught:
+            await wire.request(_call(), {}, None)
         wire.close()
-    assert reply["error"] == {"code": code, "message": message}
+    assert str(caught.value) == message
+    assert getattr(caught.value, "code", None) == code
 
 
-async def test_a_closed_idle_connection_is_replaced_once() -> None:
+async def test_a_connection_cut_after_the_request_went_out_is_never_resent() -> None:
     body = b'{"jsonrpc":"2.0","id":7,"result":{"content":[]}}'
     answers = iter([[_http("200 OK", "application/json", body, "connection: keep-alive\r\n")], None])
 
@@ -148,27 +174,54 @@ async def test_a_closed_idle_connection_is_replaced_once() -> None:
 
     async with scripted_server(answer) as (url, requests, connections):
         wire = HttpWire(url, {}, lambda: None)
-        assert "result" in await wire.call(_call(), {}, None)
-        # The server hangs up on the second request of that connection: the client retries on a new one.
-        assert "result" in await wire.call(_call(), {}, None)
+        assert "result" in await wire.request(_call(), {}, None)
+        # The server reads the second request of that connection, then hangs up: the call may have run.
+        with pytest.raises(AnswerLost):
+            await wire.request(_call(), {}, None)
+        assert len(requests) == 2  # not sent a second time
+        assert "result" in await wire.request(_call(), {}, None)  # the next call takes a fresh connection
         wire.close()
     assert len(connections) == 2
     assert len(requests) == 3
+
+
+async def test_a_pooled_connection_closed_while_idle_is_not_used() -> None:
+    body = b'{"jsonrpc":"2.0","id":7,"result":{"content":[]}}'
+    async with scripted_server(lambda _: [_http("200 OK", "application/json", body), CLOSE]) as (url, requests, conns):
+        wire = HttpWire(url, {}, lambda: None)
+        assert "result" in await wire.request(_call(), {}, None)
+        await asyncio.sleep(0.1)  # the server's hang-up reaches the pooled connection
+        assert "result" in await wire.request(_call(), {}, None)
+        wire.close()
+    assert len(conns) == 2 and len(requests) == 2
+
+
+async def test_a_closed_pool_ends_calls_in_flight_and_takes_no_more() -> None:
+    async with scripted_server(lambda _: []) as (url, requests, _):  # reads the request, never answers
+        wire = HttpWire(url, {}, lambda: None)
+        call = asyncio.ensure_future(wire.request(_call(), {}, None))
+        while not requests:
+            await asyncio.sleep(0.01)
+        wire.close()
+        with pytest.raises(AnswerLost):
+            await call
+        with pytest.raises(NotSent):
+            await wire.request(_call(), {}, None)
 
 
 async def test_a_connection_cut_mid_answer_is_an_error() -> None:
     head = b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 500\r\n\r\n{"jsonrpc"'
     async with scripted_server(lambda _: [head, CLOSE]) as (url, _, _):
         wire = HttpWire(url, {}, lambda: None)
-        with pytest.raises(WireError, match="closed the connection"):
-            await wire.call(_call(), {}, None)
+        with pytest.raises(AnswerLost, match="closed the connection"):
+            await wire.request(_call(), {}, None)
         wire.close()
 
 
-async def test_refused_connection_is_a_wire_error() -> None:
+async def test_a_refused_connection_was_not_sent() -> None:
     wire = HttpWire("http://127.0.0.1:9/mcp", {}, lambda: None, connect_timeout=2)
-    with pytest.raises(WireError, match="cannot connect"):
-        await wire.call(_call(), {}, None)
+    with pytest.raises(NotSent, match="cannot connect"):
+        await wire.request(_call(), {}, None)
 
 
 def test_sse_event_parsing_takes_only_complete_events() -> None:
@@ -178,10 +231,10 @@ def test_sse_event_parsing_takes_only_complete_events() -> None:
 
 
 async def test_an_oversized_answer_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("gateway.wire.MAX_ANSWER", 1000)
+    monkeypatch.setattr("gateway.upstream.http11.MAX_ANSWER", 1000)
     body = b'{"jsonrpc":"2.0","id":7,"result":{"content":[{"type":"text","text":"' + b"x" * 5000 + b'"}]}}'
     async with scripted_server(lambda _: [_http("200 OK", "application/json", body)]) as (url, _, _):
         wire = HttpWire(url, {}, lambda: None)
-        with pytest.raises(WireError, match="over 0 MiB"):
-            await wire.call(_call(), {}, None)
+        with pytest.raises(AnswerLost, match="over 0 MiB"):
+            await wire.request(_call(), {}, None)
         wire.close()

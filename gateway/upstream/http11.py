@@ -11,28 +11,27 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import time
 from collections.abc import Callable, Mapping
 from contextlib import suppress
+from functools import cache
 from typing import Any, cast
 from urllib.parse import urlsplit
 from urllib.request import getproxies, proxy_bypass
 
 import httptools
 import httpx2
-import mcp.types as types
-import orjson
 from mcp.shared.dispatcher import ProgressFnT
 
 from gateway import __version__
-from gateway.direct import report_progress
+from gateway.jsonrpc import INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR, decode, encode, report_progress
+from gateway.upstream.errors import AnswerLost, BadAnswer, ChannelError, HttpStatus, NotSent, SessionExpired
 
 Json = dict[str, Any]
 MAX_IDLE = 64
+MAX_IDLE_SECONDS = 2.0
 MAX_ANSWER = 64 * 1024 * 1024
-
-
-class WireError(Exception):
-    """The exchange failed before a complete answer arrived."""
+NOTIFY_TIMEOUT = 5.0
 
 
 def uses_proxy(url: str) -> bool:
@@ -63,7 +62,7 @@ class _Exchange:
             self._waiter.set_result(None)
 
     async def next_chunk(self) -> bytes | None:
-        """The next piece of the body; None at its end. Raises WireError if the connection broke."""
+        """The next piece of the body; None at its end. Raises `AnswerLost` if the connection broke."""
         while not self.chunks:
             if self.error is not None:
                 raise self.error
@@ -91,7 +90,6 @@ class _Connection(asyncio.Protocol):
         self.exchange: _Exchange | None = None
         self.closed = False
         self.reusable = False
-        self.used = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass asyncio's
@@ -100,7 +98,7 @@ class _Connection(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as e:
-            self._fail(WireError(f"malformed HTTP answer: {e}"))
+            self._fail(AnswerLost(f"malformed HTTP answer: {e}"))
             self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -108,7 +106,7 @@ class _Connection(asyncio.Protocol):
         self.reusable = False
         exchange = self.exchange
         if exchange is not None and not exchange.complete:
-            self._fail(WireError("the server closed the connection"))
+            self._fail(AnswerLost("the server closed the connection"))
 
     def _fail(self, error: Exception) -> None:
         exchange = self.exchange
@@ -135,7 +133,7 @@ class _Connection(asyncio.Protocol):
         if exchange is not None:
             exchange.size += len(body)
             if exchange.size > MAX_ANSWER:
-                self._fail(WireError(f"the answer is over {MAX_ANSWER // (1024 * 1024)} MiB"))
+                self._fail(AnswerLost(f"the answer is over {MAX_ANSWER // (1024 * 1024)} MiB"))
                 self.close()
                 return
             exchange.chunks.append(body)
@@ -149,11 +147,16 @@ class _Connection(asyncio.Protocol):
             exchange.wake()
 
     def send(self, data: bytes) -> _Exchange:
-        assert self.transport is not None
+        """Write a request; raises `NotSent` when the connection is found closed before a byte is written."""
+        transport = self.transport
+        if transport is None or self.closed or transport.is_closing():
+            raise NotSent("the connection was closed before the request was written")
         self.exchange = _Exchange()
         self.reusable = False
-        self.used = True
-        self.transport.write(data)
+        try:
+            transport.write(data)
+        except RuntimeError:  # uvloop refuses a write to a transport closed under it, before writing anything
+            raise NotSent("the connection was closed before the request was written") from None
         return self.exchange
 
     def close(self) -> None:
@@ -174,8 +177,20 @@ def _sse_events(buffer: bytearray) -> list[bytes]:
     return out
 
 
+@cache
+def tls_context() -> ssl.SSLContext:
+    """The TLS context, built once: as the SDK's client builds it (trust store, SSL_CERT_FILE and friends)."""
+    return httpx2.create_ssl_context()
+
+
 class HttpWire:
-    """POSTs tool calls to one MCP endpoint over pooled connections."""
+    """POSTs requests to one MCP endpoint over pooled keep-alive connections.
+
+    A request is sent again only when it provably never left: the pooled connection was found closed
+    before a byte was written. A connection that breaks after that raises `AnswerLost`: the request
+    may have run. Idle connections are reused for at most `MAX_IDLE_SECONDS`, under the keep-alive
+    timeout of common servers, so a server closing an idle connection rarely meets a request in flight.
+    """
 
     def __init__(
         self,
@@ -193,8 +208,7 @@ class HttpWire:
         self.host = parts.hostname
         self.port = parts.port or (443 if parts.scheme == "https" else 80)
         self._address = address or self.host
-        # The SDK's client builds its TLS context the same way (trust store, SSL_CERT_FILE and friends).
-        self._ssl: ssl.SSLContext | None = httpx2.create_ssl_context() if parts.scheme == "https" else None
+        self._ssl: ssl.SSLContext | None = tls_context() if parts.scheme == "https" else None
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         default_port = (parts.scheme == "https" and self.port == 443) or (parts.scheme == "http" and self.port == 80)
         host = self.host if ":" not in self.host else f"[{self.host}]"
@@ -211,36 +225,48 @@ class HttpWire:
         self._session_id = session_id
         self._forwarded = forwarded
         self._connect_timeout = connect_timeout
-        self._idle: list[_Connection] = []
+        self._idle: list[tuple[float, _Connection]] = []
+        self._busy: set[_Connection] = set()
+        self.closed = False
 
     def _release(self, conn: _Connection) -> None:
-        """Back to the pool after a complete answer, or closed."""
-        if conn.reusable and not conn.closed and len(self._idle) < MAX_IDLE:
+        """Back to the pool after a complete answer; closed when it cannot be reused or the pool is closed."""
+        self._busy.discard(conn)
+        if conn.reusable and not conn.closed and not self.closed and len(self._idle) < MAX_IDLE:
             conn.exchange = None
-            self._idle.append(conn)
+            self._idle.append((time.monotonic(), conn))
         else:
             conn.close()
 
     def _take_idle(self) -> _Connection | None:
+        fresh_after = time.monotonic() - MAX_IDLE_SECONDS
         while self._idle:
-            conn = self._idle.pop()
-            if not conn.closed and conn.transport is not None and not conn.transport.is_closing():
+            since, conn = self._idle.pop()
+            transport = conn.transport
+            if since >= fresh_after and not conn.closed and transport is not None and not transport.is_closing():
                 return conn
+            conn.close()
         return None
 
-    async def _connect(self) -> _Connection:
-        loop = asyncio.get_running_loop()
-        try:
-            async with asyncio.timeout(self._connect_timeout):
-                _, conn = await loop.create_connection(
-                    _Connection,
-                    self._address,
-                    self.port,
-                    ssl=self._ssl,
-                    server_hostname=self.host if self._ssl is not None else None,
-                )
-        except (OSError, TimeoutError) as e:
-            raise WireError(f"cannot connect: {e.__class__.__name__}") from None
+    async def _open(self) -> _Connection:
+        """A connection to send on: a pooled one still open, else a new one. Raises `NotSent`."""
+        if self.closed:
+            raise NotSent("the connection pool is closed")
+        conn = self._take_idle()
+        if conn is None:
+            loop = asyncio.get_running_loop()
+            try:
+                async with asyncio.timeout(self._connect_timeout):
+                    _, conn = await loop.create_connection(
+                        _Connection,
+                        self._address,
+                        self.port,
+                        ssl=self._ssl,
+                        server_hostname=self.host if self._ssl is not None else None,
+                    )
+            except (OSError, TimeoutError) as e:
+                raise NotSent(f"cannot connect: {e.__class__.__name__}") from None
+        self._busy.add(conn)
         return conn
 
     def _head(self, body: bytes, extra: Mapping[str, str]) -> bytes:
@@ -256,65 +282,57 @@ class HttpWire:
         lines = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
         return self._line + lines.encode("latin-1") + b"\r\n" + body
 
-    async def call(self, message: Json, headers: Mapping[str, str], progress: ProgressFnT | None) -> Json:
-        """POST one request and return the JSON-RPC response to it (an `error` reply for HTTP failures)."""
-        body = orjson.dumps(message)
-        request = self._head(body, headers)
-        request_id = message.get("id")
-        for attempt in (1, 2):
-            conn = self._take_idle() or await self._connect()
-            reused = conn.used
-            try:
-                exchange = conn.send(request)
-                await exchange.head
-            except (WireError, RuntimeError):  # uvloop raises RuntimeError writing to a closed transport
-                conn.close()
-                if reused and attempt == 1:
-                    continue  # the server closed an idle keep-alive connection: once more on a fresh one
-                raise WireError("the server closed the connection") from None
-            except BaseException:
-                conn.close()
-                raise
-            try:
-                reply = await self._answer(exchange, request_id, progress, message)
-            except BaseException:
-                conn.close()  # on the 2026 wire, dropping the POST is the cancellation
-                raise
-            self._release(conn)
-            return reply
-        raise WireError("unreachable")
+    async def request(self, message: Json, headers: Mapping[str, str], progress: ProgressFnT | None) -> Json:
+        """POST one request and return the JSON-RPC response to it.
 
-    async def _answer(self, exchange: _Exchange, request_id: Any, progress: ProgressFnT | None, message: Json) -> Json:
+        Raises `NotSent`, `AnswerLost`, `SessionExpired`, `HttpStatus` or `BadAnswer`.
+        """
+        data = self._head(encode(message), headers)
+        conn = await self._open()
+        try:
+            exchange = conn.send(data)
+            await exchange.head
+            reply = await self._answer(exchange, message.get("id"), progress)
+        except BaseException:
+            self._busy.discard(conn)
+            conn.close()  # on the 2026 wire, dropping the POST is the cancellation
+            raise
+        self._release(conn)
+        return reply
+
+    async def _answer(self, exchange: _Exchange, request_id: Any, progress: ProgressFnT | None) -> Json:
         status = exchange.status
         content_type = exchange.headers.get(b"content-type", b"").lower()
         if status == 202:
             await exchange.read()
-            return _error(types.INVALID_REQUEST, "server answered a request with 202 Accepted")
+            raise BadAnswer(INVALID_REQUEST, "server answered a request with 202 Accepted")
         if 300 <= status < 400:
             await exchange.read()
-            return _error(types.INVALID_REQUEST, f"the server redirected the call (HTTP {status}); not followed")
+            raise BadAnswer(INVALID_REQUEST, f"the server redirected the call (HTTP {status}); not followed")
         if status >= 400:
             raw = await exchange.read()
             if content_type.startswith(b"application/json"):
-                with suppress(orjson.JSONDecodeError):
-                    parsed = orjson.loads(raw)
+                with suppress(ValueError):
+                    parsed = decode(raw)
                     if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
                         return {"jsonrpc": "2.0", "id": request_id, "error": parsed["error"]}
             if status == 404:
                 if self._session_id() is None:
-                    return _error(types.METHOD_NOT_FOUND, "Not Found")
-                return _error(types.INVALID_REQUEST, "Session terminated")
-            return _error(types.INTERNAL_ERROR, "Server returned an error response")
+                    raise BadAnswer(METHOD_NOT_FOUND, "Not Found")
+                raise SessionExpired("HTTP 404 on the session")
+            raise HttpStatus(status)
         if content_type.startswith(b"application/json"):
             try:
-                reply = orjson.loads(await exchange.read())
-            except orjson.JSONDecodeError:
-                return _error(types.PARSE_ERROR, "Failed to parse JSON response")
-            return reply if isinstance(reply, dict) else _error(types.PARSE_ERROR, "Failed to parse JSON response")
+                reply = decode(await exchange.read())
+            except ValueError:
+                reply = None
+            if not isinstance(reply, dict):
+                raise BadAnswer(PARSE_ERROR, "Failed to parse JSON response")
+            return reply
         if content_type.startswith(b"text/event-stream"):
             return await self._stream(exchange, request_id, progress)
         await exchange.read()
-        return _error(types.INVALID_REQUEST, f"Unexpected content type: {content_type.decode('latin-1')[:80]}")
+        raise BadAnswer(INVALID_REQUEST, f"Unexpected content type: {content_type.decode('latin-1')[:80]}")
 
     async def _stream(self, exchange: _Exchange, request_id: Any, progress: ProgressFnT | None) -> Json:
         buffer = bytearray()
@@ -328,8 +346,8 @@ class HttpWire:
             buffer += chunk.replace(b"\r\n", b"\n")
             for data in _sse_events(buffer):
                 try:
-                    message = orjson.loads(data)
-                except orjson.JSONDecodeError:
+                    message = decode(data)
+                except ValueError:
                     continue
                 if not isinstance(message, dict):
                     continue
@@ -338,33 +356,39 @@ class HttpWire:
                     return message
                 if message.get("method") == "notifications/progress" and progress is not None:
                     await report_progress(message.get("params"), progress)
-        raise WireError("the event stream ended without an answer")
+        raise AnswerLost("the event stream ended without an answer")
 
     async def notify(self, message: Json, headers: Mapping[str, str]) -> None:
-        """POST one notification (e.g. a 2025-era cancel); failures are ignored."""
-        with suppress(WireError, OSError, TimeoutError, RuntimeError):
-            async with asyncio.timeout(5):
-                conn = self._take_idle() or await self._connect()
-                exchange = conn.send(self._head(orjson.dumps(message), headers))
+        """POST one notification (e.g. a 2025-era cancel); failures are ignored, the connection closed on one."""
+        conn: _Connection | None = None
+        try:
+            async with asyncio.timeout(NOTIFY_TIMEOUT):
+                conn = await self._open()
+                exchange = conn.send(self._head(encode(message), headers))
                 await exchange.head
                 await exchange.read()
-                self._release(conn)
+        except (ChannelError, OSError, TimeoutError, RuntimeError):
+            if conn is not None:
+                self._busy.discard(conn)
+                conn.close()
+            return
+        self._release(conn)
 
     def close(self) -> None:
-        """Close every pooled connection."""
-        for conn in self._idle:
+        """Close every connection, pooled or in use; calls still in flight end with `AnswerLost`."""
+        self.closed = True
+        for _, conn in self._idle:
             conn.close()
         self._idle.clear()
+        for conn in list(self._busy):
+            conn.close()
+        self._busy.clear()
 
 
 async def _drain(exchange: _Exchange) -> None:
     """Read what is left of an answered stream, so its connection can be reused."""
     if exchange.complete:
         return
-    with suppress(WireError, TimeoutError):
+    with suppress(AnswerLost, TimeoutError):
         async with asyncio.timeout(1.0):
             await exchange.read()
-
-
-def _error(code: int, message: str) -> Json:
-    return {"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}}

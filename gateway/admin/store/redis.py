@@ -11,7 +11,7 @@ import anyio
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from gateway.store import Options, StoreError
+from gateway.admin.store import Options, StoreError
 
 KEY = "manifold:servers"
 CHANNEL = "manifold:servers:changed"

@@ -8,12 +8,12 @@ from typing import Any
 
 import anyio
 
+from gateway.admin.store import Options, Store, StoreError
 from gateway.config import ServerSpec, parse_server
 from gateway.egress import EgressDenied, EgressPolicy, check_url
 from gateway.logs import get_logger
 from gateway.registry import Registry
 from gateway.settings import Settings
-from gateway.store import Options, Store, StoreError
 
 log = get_logger("runtime")
 SECRET_KEYS = ("headers", "env")

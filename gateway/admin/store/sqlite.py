@@ -11,7 +11,7 @@ from typing import TypeVar
 import anyio
 import anyio.to_thread
 
-from gateway.store import Options, StoreError
+from gateway.admin.store import Options, StoreError
 
 T = TypeVar("T")
 

@@ -1,0 +1,91 @@
+"""Who may see and call what: API tokens, their scopes, and the view of the catalog each one gets (pure)."""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+
+from gateway.catalog import Entry
+
+GatedPolicy = Literal["allow", "deny", "confirm"]
+
+
+class TokenSpec(BaseModel):
+    """One API token: its secret (`token`, usually `${ENV}`, or `sha256`) and its scope."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+    token: SecretStr | None = None
+    sha256: str | None = Field(None, pattern=r"^[0-9a-fA-F]{64}$")
+    servers: list[str] = Field(default_factory=lambda: ["*"])
+    tools: list[str] = Field(default_factory=lambda: ["*"])
+    gated: GatedPolicy = "allow"
+    rate: float | None = Field(None, gt=0, description="requests per second")
+    burst: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _one_secret(self) -> TokenSpec:
+        if (self.token is None) == (self.sha256 is None):
+            raise ValueError("give exactly one of `token` (e.g. ${ENV_VAR}) or `sha256`")
+        return self
+
+    def digest(self) -> bytes:
+        """The SHA-256 of the secret, as bytes."""
+        if self.sha256 is not None:
+            return bytes.fromhex(self.sha256)
+        assert self.token is not None
+        return hashlib.sha256(self.token.get_secret_value().encode()).digest()
+
+
+class AuthConfig(BaseModel):
+    """`auth:` in the config."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tokens: list[TokenSpec] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _unique(self) -> AuthConfig:
+        names = [t.name for t in self.tokens]
+        if len(names) != len(set(names)):
+            raise ValueError("token names must be unique")
+        return self
+
+
+def _matches(value: str, patterns: Sequence[str]) -> bool:
+    return any(value == p or fnmatch.fnmatchcase(value, p) for p in patterns)
+
+
+@dataclass(frozen=True)
+class View:
+    """What one caller may see and call."""
+
+    name: str
+    servers: tuple[str, ...] = ("*",)
+    tools: tuple[str, ...] = ("*",)
+    gated: GatedPolicy = "allow"
+
+    def allows(self, entry: Entry) -> bool:
+        """Whether the tool is visible (and callable) for this caller."""
+        if self.gated == "deny" and entry.labels.gated:
+            return False
+        return _matches(entry.server, self.servers) and _matches(entry.public, self.tools)
+
+    def confirms(self, entry: Entry) -> bool:
+        """Whether a call of this tool needs the human's confirmation first."""
+        return self.gated == "confirm" and entry.labels.gated
+
+
+OPEN_VIEW = View("anonymous")
+
+
+def views_for(tokens: Iterable[TokenSpec]) -> list[View]:
+    """One view per token; the open view when there are no tokens."""
+    views = [View(t.name, tuple(t.servers), tuple(t.tools), t.gated) for t in tokens]
+    return views or [OPEN_VIEW]

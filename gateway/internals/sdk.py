@@ -1,0 +1,126 @@
+"""The MCP SDK's private names, and what the gateway builds on them. Nowhere else touches them.
+
+- `negotiate_auto`: the SDK client's modern-first connect policy (`server/discover`, then `initialize`).
+- `ClientSession._stamp`: how a session stamps a request (session id, protocol version, the 2026
+  envelope and `Mcp-*` headers); the lean channels stamp their requests the same way.
+- `_later_revision_fields`: the result fields an older protocol revision does not know.
+- The SDK client transport's stand-in errors for HTTP failures, which carry no type or data of their
+  own: `channel_error` turns them into the gateway's failure types, the one place text is compared.
+- A 2025-era session's transport (`StreamableHTTPSessionManager._server_instances`) and its in-flight
+  counter (`_requests_in_flight`, `_idle_timeout`), so a request served beside the SDK holds the session
+  open as the SDK's own requests do.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from functools import cache
+from typing import Any
+
+import anyio
+import mcp.types as types
+from mcp import ClientSession, MCPError
+from mcp.client._probe import negotiate_auto
+from mcp.client.session import _later_revision_fields
+from mcp.server.streamable_http import StreamableHTTPServerTransport
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+
+from gateway.upstream.errors import AnswerLost, ChannelError, HttpStatus, SessionExpired
+
+Json = dict[str, Any]
+# What the SDK's streamable HTTP client puts in place of an HTTP 404 on a session and other error statuses.
+SESSION_TERMINATED = "Session terminated"
+ERROR_STATUS = "Server returned an error response"
+
+
+def channel_error(e: MCPError) -> ChannelError | None:
+    """The failure an SDK session's error stands for, or None when it is the server's own answer."""
+    if e.code == types.CONNECTION_CLOSED:
+        return AnswerLost(e.error.message)
+    if e.code == types.INVALID_REQUEST and e.error.message == SESSION_TERMINATED:
+        return SessionExpired(e.error.message)
+    if e.code == types.INTERNAL_ERROR and e.error.message == ERROR_STATUS:
+        return HttpStatus(0)
+    return None
+
+
+@cache
+def later_revision_fields(method: str, version: str) -> frozenset[str]:
+    """Result keys that revisions newer than `version` define for `method` (to drop for a `version` peer)."""
+    return _later_revision_fields(method, version)
+
+
+def stamp(session: ClientSession, message: Json) -> dict[str, str]:
+    """Stamp `message` as `session` would stamp it before sending; returns the HTTP headers to send with it."""
+    options: Any = {}
+    session._stamp(message, options)
+    headers: dict[str, str] = options.get("headers", {})
+    return headers
+
+
+def session_transports(manager: StreamableHTTPSessionManager) -> Mapping[str, StreamableHTTPServerTransport]:
+    """The open 2025-era sessions' transports by session id."""
+    return manager._server_instances
+
+
+def serving_transport(manager: StreamableHTTPSessionManager, session_id: str) -> StreamableHTTPServerTransport | None:
+    """The transport of a live 2025-era session that can take a request, or None."""
+    transport = manager._server_instances.get(session_id)
+    if transport is None or transport.is_terminated:
+        return None
+    idle = transport.idle_scope
+    return None if idle is not None and idle.cancel_called else transport
+
+
+@contextmanager
+def holding(transport: StreamableHTTPServerTransport) -> Iterator[None]:
+    """Count a request as in flight on a session, as its own transport does, so it does not idle out."""
+    idle, timeout = transport.idle_scope, transport._idle_timeout
+    if idle is None or timeout is None:
+        yield
+        return
+    transport._requests_in_flight += 1
+    idle.deadline = math.inf
+    try:
+        yield
+    finally:
+        transport._requests_in_flight -= 1
+        if not transport._requests_in_flight:
+            idle.deadline = anyio.current_time() + timeout
+
+
+__all__ = [
+    "channel_error",
+    "holding",
+    "later_revision_fields",
+    "negotiate_auto",
+    "serving_transport",
+    "session_transports",
+    "stamp",
+]
+
+# What `tests/unit/test_internals.py` checks: each private name, and how to reach it.
+SYMBOLS = {
+    "mcp.client._probe.negotiate_auto": lambda: negotiate_auto,
+    "mcp.client.session._later_revision_fields": lambda: _later_revision_fields,
+    "mcp.client.session.ClientSession._stamp": lambda: _session_attr("_stamp"),
+    "mcp.server.streamable_http_manager.StreamableHTTPSessionManager._server_instances": lambda: (
+        StreamableHTTPSessionManager(app=None)._server_instances  # type: ignore[arg-type]
+    ),
+    "mcp.server.streamable_http.StreamableHTTPServerTransport._requests_in_flight": lambda: _transport_attr(
+        "_requests_in_flight"
+    ),
+    "mcp.server.streamable_http.StreamableHTTPServerTransport._idle_timeout": lambda: _transport_attr("_idle_timeout"),
+    "mcp.server.streamable_http.StreamableHTTPServerTransport.idle_scope": lambda: _transport_attr("idle_scope"),
+}
+
+
+def _session_attr(name: str) -> Any:
+    write, read = anyio.create_memory_object_stream[Any](0)
+    return getattr(ClientSession(read, write), name)
+
+
+def _transport_attr(name: str) -> Any:
+    return getattr(StreamableHTTPServerTransport(mcp_session_id="probe", idle_timeout=1.0), name)

@@ -1,0 +1,68 @@
+"""Serving the app: uvicorn with a drain before shutdown, and the refusal to expose an open port."""
+
+from __future__ import annotations
+
+import socket
+
+import uvicorn
+from prometheus_client import start_http_server
+from sse_starlette.sse import AppStatus
+
+from gateway.app import build_app
+from gateway.config import FileConfig
+from gateway.downstream.server import Frontend
+from gateway.internals.uvicorn import keep_exit_status_clean
+from gateway.logs import get_logger
+from gateway.settings import Settings
+
+log = get_logger("serve")
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn, with a drain before its shutdown and a clean exit status after SIGTERM or SIGINT."""
+
+    def __init__(self, config: uvicorn.Config, frontend: Frontend, drain_timeout: float) -> None:
+        super().__init__(config)
+        self._frontend, self._drain_timeout = frontend, drain_timeout
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        for server in self.servers:
+            server.close()
+        await self._frontend.drain(self._drain_timeout)
+        AppStatus.should_exit = True  # now end whatever SSE streams are left
+        await super().shutdown(sockets)
+        keep_exit_status_clean(self)
+
+
+class Unsafe(Exception):
+    """The settings would expose the gateway without authentication."""
+
+
+def check_exposure(settings: Settings) -> None:
+    """Refuse an unauthenticated gateway on a non-loopback address; warn on loopback."""
+    if settings.auth.tokens:
+        return
+    loopback = settings.host in LOOPBACK or settings.host.startswith("127.")
+    if not loopback and not settings.allow_unauthenticated:
+        raise Unsafe(
+            f"refusing to serve {settings.host}:{settings.port} without authentication: add API tokens under "
+            "`auth.tokens` in the config (see the README's Security section), or pass --allow-unauthenticated "
+            "(MANIFOLD_ALLOW_UNAUTHENTICATED=true) if something in front of the gateway authenticates callers"
+        )
+    log.warning("no API tokens configured: /mcp is open to anyone who can reach it", host=settings.host)
+
+
+def serve(settings: Settings, config: FileConfig) -> None:
+    """Run the gateway until SIGTERM or SIGINT, then drain and stop."""
+    check_exposure(settings)
+    app = build_app(settings, config)
+    server_config = uvicorn.Config(
+        app, host=settings.host, port=settings.port, log_config=None, lifespan="on", timeout_graceful_shutdown=2
+    )
+    # sse-starlette would end every SSE stream, calls in flight included, the moment SIGTERM lands;
+    # the drain above ends them itself once the calls are done.
+    AppStatus.disable_automatic_graceful_drain()  # type: ignore[no-untyped-call]
+    if settings.metrics_port:
+        start_http_server(settings.metrics_port, addr=settings.host, registry=app.state.registry.metrics.registry)
+    DrainingServer(server_config, app.state.frontend, settings.drain_timeout).run()

@@ -1,0 +1,246 @@
+"""One call to an upstream: a slot in its queue, a deadline, the channel it travels on, and what a failure means.
+
+A call goes over the server's lean channel (stdio pipes or pooled HTTP/1.1) when it has one, else
+through the SDK's session. Either way a failure ends as a `CallFailed` the model can read (with
+whether it may be retried) or as the `MCPError` the server answered with. Failures are told apart by
+type: the channels raise `ChannelError` subclasses, and the SDK's stand-ins are translated in one
+place (`gateway.internals.sdk.channel_error`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+import anyio
+import mcp.types as types
+from mcp import ClientSession, MCPError
+from mcp.shared.dispatcher import ProgressFnT
+from mcp.types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import TypeAdapter, ValidationError
+
+from gateway.internals.sdk import channel_error, later_revision_fields, stamp
+from gateway.upstream.errors import (
+    AnswerLost,
+    BadAnswer,
+    CallFailed,
+    ChannelError,
+    HttpStatus,
+    NotSent,
+    SessionExpired,
+    State,
+    unavailable,
+)
+
+if TYPE_CHECKING:
+    from gateway.upstream.connection import Upstream
+
+Json = dict[str, Any]
+RAW: TypeAdapter[Any] = TypeAdapter(dict[str, Any])
+FIRST_ID = 2**40  # ids of calls on the lean channels: far from the SDK session's own
+CANCEL_REASON = "the gateway's caller cancelled or timed out"
+
+
+class Channel(Protocol):
+    """A lean request channel to one server: stdio pipes or pooled HTTP/1.1."""
+
+    async def request(self, message: Json, headers: Mapping[str, str], progress: ProgressFnT | None) -> Json:
+        """Send a request and return the server's JSON-RPC response to it. Raises `ChannelError`."""
+
+    async def notify(self, message: Json, headers: Mapping[str, str]) -> None:
+        """Send a notification; failures are ignored."""
+        ...
+
+
+async def send_raw(
+    session: ClientSession,
+    request: types.ClientRequest,
+    *,
+    timeout: float | None = None,
+    progress: ProgressFnT | None = None,
+) -> Json:
+    """Send a request through the SDK's session; the result comes back as the wire dict (no re-validation)."""
+    result: Json = await session.send_request(
+        request,
+        RAW,  # type: ignore[type-var]
+        request_read_timeout_seconds=timeout,
+        progress_callback=progress,
+    )
+    return result
+
+
+def plausible_result(result: Any) -> bool:
+    """A cheap shape check of a tool result forwarded without model validation."""
+    if not isinstance(result, dict):
+        return False
+    content = result.get("content", [])
+    if not isinstance(content, list) or not all(
+        isinstance(c, dict) and isinstance(c.get("type"), str) for c in content
+    ):
+        return False
+    return isinstance(result.get("isError", False), bool) and isinstance(result.get("structuredContent", {}), dict)
+
+
+def busy(server: str, why: str) -> CallFailed:
+    """The server has no room for the call; never retried."""
+    return CallFailed(f"server '{server}' is busy: {why}", outcome="busy", transient=False)
+
+
+def answer_lost(server: str) -> CallFailed:
+    """The request went out and no answer came: it may have run, so only retryable tools are tried again."""
+    return CallFailed(
+        f"server '{server}': the connection closed before the answer; the call may have run",
+        outcome="unavailable",
+        transient=True,
+    )
+
+
+class Invoker:
+    """The calls of one upstream: at most `max_concurrent` in flight, `max_queued` waiting, each with a deadline."""
+
+    def __init__(self, upstream: Upstream) -> None:
+        self._up = upstream
+        self._spec = upstream.spec
+        self._limiter = anyio.CapacityLimiter(upstream.spec.max_concurrent)
+        self._queued = 0
+        self._ids = itertools.count(FIRST_ID)
+
+    async def call(
+        self, name: str, arguments: Mapping[str, Any] | None, meta: Mapping[str, Any] | None, report: ProgressFnT | None
+    ) -> Json:
+        """Call a tool by its ORIGINAL name; the raw result dict comes back as the upstream sent it.
+
+        `timeout` bounds silence (each progress notice restarts the clock) and `max_call_time` the
+        whole call; a call that runs out is cancelled upstream. Raises `CallFailed`, or `MCPError`
+        for an error the upstream answered with.
+        """
+        up, spec = self._up, self._spec
+        session = up.session
+        if session is None or up.state is not State.UP:
+            raise unavailable(up.name, up.error or up.state.value)
+        if self._limiter.available_tokens < 1 and self._queued >= spec.max_queued:
+            raise busy(up.name, f"{spec.max_concurrent} calls in flight and {self._queued} waiting; try again later")
+        params: Json = {"name": name}
+        if arguments is not None:
+            params["arguments"] = dict(arguments)
+        if meta:
+            params["_meta"] = dict(meta)
+        acquired = False
+        now = anyio.current_time()
+        hard = now + spec.max_call_time if spec.max_call_time else math.inf
+        with anyio.CancelScope(deadline=min(now + spec.timeout, hard)) as scope:
+
+            async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+                scope.deadline = min(anyio.current_time() + spec.timeout, hard)
+                if report is not None:
+                    await report(progress, total, message)
+
+            self._queued += 1
+            try:
+                await self._limiter.acquire()
+            finally:
+                self._queued -= 1
+            acquired = True
+            try:
+                channel = up.channel
+                if channel is not None:
+                    return self._result_of(await self._over_channel(session, channel, params, on_progress))
+                request = types.CallToolRequest(params=types.CallToolRequestParams.model_validate(params))
+                return self._result_of({"result": await send_raw(session, request, progress=on_progress)})
+            except MCPError as e:
+                failure = channel_error(e)
+                if failure is None:
+                    raise self.classify_code(e) from None
+                raise self.classify(failure) from None
+            except ChannelError as e:
+                raise self.classify(e) from None
+            finally:
+                self._limiter.release()
+        if not acquired:
+            raise busy(up.name, f"no free slot within the {spec.timeout:g} s timeout")
+        raise CallFailed(
+            f"server '{up.name}' did not answer within {self._limit_text(hard - now)}; the call was cancelled",
+            outcome="timeout",
+            transient=True,
+        )
+
+    async def _over_channel(
+        self, session: ClientSession, channel: Channel, params: Json, progress: ProgressFnT | None
+    ) -> Json:
+        """The call over the lean channel, stamped as the SDK's session would stamp it."""
+        message: Json = {"jsonrpc": "2.0", "method": "tools/call", "params": params}
+        headers = stamp(session, message)
+        message["id"] = request_id = next(self._ids)
+        if progress is not None:
+            message.setdefault("params", {}).setdefault("_meta", {})["progressToken"] = request_id
+        try:
+            return await channel.request(message, headers, progress)
+        except NotSent:
+            raise
+        except BaseException:
+            if self._up.cancels_by_notice:
+                cancel: Json = {
+                    "jsonrpc": "2.0",
+                    "method": "notifications/cancelled",
+                    "params": {"requestId": request_id, "reason": CANCEL_REASON},
+                }
+                cancel_headers = stamp(session, cancel)
+                self._up.spawn(channel.notify, cancel, cancel_headers)
+            raise
+
+    def _result_of(self, reply: Json) -> Json:
+        error = reply.get("error")
+        if error is not None:
+            try:
+                data = types.ErrorData.model_validate(error)
+            except ValidationError:
+                data = types.ErrorData(code=types.INTERNAL_ERROR, message="malformed error response")
+            raise MCPError(data.code, data.message, data.data)
+        result = reply.get("result")
+        if not plausible_result(result):
+            raise CallFailed(
+                f"server '{self._up.name}' answered with something that is not a tool result",
+                outcome="invalid",
+                transient=False,
+            )
+        assert isinstance(result, dict)
+        foreign = later_revision_fields("tools/call", self._up.protocol_version or "2025-11-25")
+        if not foreign.isdisjoint(result):
+            result = {k: v for k, v in result.items() if k not in foreign}
+        return result
+
+    def _limit_text(self, total: float) -> str:
+        if total <= self._spec.timeout or math.isinf(total):
+            return f"the {self._spec.timeout:g} s timeout"
+        return f"max_call_time ({total:g} s)"
+
+    def classify(self, failure: ChannelError) -> CallFailed | MCPError:
+        """What a channel failure means for the call, and for the connection."""
+        up = self._up
+        if isinstance(failure, NotSent):
+            up.lost()
+            return unavailable(up.name, "the connection closed before the request was sent", repeatable=True)
+        if isinstance(failure, AnswerLost):
+            up.lost()
+            return answer_lost(up.name)
+        if isinstance(failure, SessionExpired):
+            up.reconnect()
+            return CallFailed(
+                f"server '{up.name}' ended the session", outcome="unavailable", transient=True, repeatable=True
+            )
+        if isinstance(failure, HttpStatus):
+            if up.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+                # Session servers that forgot the session (a restart) often answer 400, not 404: start afresh.
+                up.reconnect()
+            return unavailable(up.name, "it answered with an HTTP error status")
+        if isinstance(failure, BadAnswer):
+            return MCPError(failure.code, str(failure))
+        return unavailable(up.name, str(failure))
+
+    def classify_code(self, e: MCPError) -> CallFailed | MCPError:
+        """What an error answer means: a timeout the SDK ran out, or the server's own error, passed on."""
+        if e.code == types.REQUEST_TIMEOUT:
+            return CallFailed(f"server '{self._up.name}' timed out", outcome="timeout", transient=True)
+        return e
