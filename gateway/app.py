@@ -30,7 +30,8 @@ log = get_logger("app")
 def build_app(settings: Settings, config: FileConfig, environ: Mapping[str, str] | None = None) -> Starlette:
     """The whole gateway as one ASGI app; upstreams start with its lifespan."""
     registry = Registry(config.servers, environ, credentials=settings.credentials, fast=settings.fast_path)
-    frontend = Frontend(registry, views_for(settings.auth.tokens))
+    confirm_key = settings.confirm_key.get_secret_value().encode() if settings.confirm_key else None
+    frontend = Frontend(registry, views_for(settings.auth.tokens), confirm_key)
     store = open_store(settings.store.get_secret_value() if settings.store else None)
     runtime = Runtime(registry, store, settings)
     security = transport_security(settings.allowed_hosts, settings.allowed_origins)
@@ -42,8 +43,10 @@ def build_app(settings: Settings, config: FileConfig, environ: Mapping[str, str]
         max_sessions=settings.max_sessions,
         session_idle_timeout=settings.session_idle_timeout,
     )
+    frontend.sessions.attach(frontend.server.session_manager)
     lane: ASGIApp = Shortcut(mcp_app, frontend, security) if settings.fast_path else mcp_app
-    gate = AuthGate(lane, settings.auth.tokens, Limits(settings.max_body_bytes, settings.max_json_depth))
+    limits = Limits(settings.max_body_bytes, settings.max_json_depth)
+    gate = AuthGate(lane, settings.auth.tokens, frontend.sessions, limits)
 
     async def reload() -> list[str]:
         try:
@@ -54,11 +57,6 @@ def build_app(settings: Settings, config: FileConfig, environ: Mapping[str, str]
         changes = await registry.apply_config(fresh.servers)
         log.info("config reloaded", changes=changes)
         return changes
-
-    async def prune_sessions() -> None:
-        while True:
-            await anyio.sleep(60)
-            gate.forget_sessions(frontend.live_sessions())
 
     async def on_sighup() -> None:
         with anyio.open_signal_receiver(signal.SIGHUP) as signals:
@@ -77,7 +75,6 @@ def build_app(settings: Settings, config: FileConfig, environ: Mapping[str, str]
         ):
             tg.start_soon(runtime.run)
             tg.start_soon(on_sighup)
-            tg.start_soon(prune_sessions)
             app.state.started = True
             try:
                 yield

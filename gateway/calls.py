@@ -1,11 +1,17 @@
-"""Call policy: resolve a public name, forward the call with retries, map failures, label the result."""
+"""Call policy, shared by every downstream path: admit a call, forward it with retries, shape the result.
+
+`admit` decides whether a caller may call a name (resolve, view, draining); `forward_call` sends an
+admitted call with the server's retry policy, counts it, times it and logs one line for it;
+`shape_result` gives the answer the caller's protocol era and Manifold's labels. The SDK's server
+(`downstream/server.py`) and the shortcut (`downstream/shortcut.py`) both go through these, so the
+two differ only in plumbing.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
 import json
-import secrets
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -16,12 +22,14 @@ from mcp import MCPError
 from mcp.server import ServerRequestContext
 from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 
+from gateway import __version__
 from gateway.access import View
 from gateway.backoff import Backoff
 from gateway.catalog import Entry
+from gateway.internals.sdk import later_revision_fields
 from gateway.labels import META_PREFIX
 from gateway.logs import get_logger
-from gateway.upstream.connection import FORWARDED, SERVER_INFO_KEY, Upstream
+from gateway.upstream.connection import FORWARDED, Upstream
 from gateway.upstream.errors import CallFailed, describe
 
 if TYPE_CHECKING:
@@ -29,7 +37,31 @@ if TYPE_CHECKING:
 
 Json = dict[str, Any]
 RESERVED_META = "io.modelcontextprotocol/"
+SERVER_INFO_KEY = "io.modelcontextprotocol/serverInfo"
+SERVER_INFO = {"name": "manifold", "version": __version__}
 log = get_logger("calls")
+
+
+class Draining(MCPError):
+    """The gateway is shutting down and takes no new calls."""
+
+    def __init__(self) -> None:
+        super().__init__(types.INTERNAL_ERROR, "The gateway is shutting down; retry on another replica")
+
+
+def admit(registry: Registry, view: View, name: str, request_id: Any, *, draining: bool) -> Entry:
+    """The catalog entry a caller with `view` may call under `name`.
+
+    Raises `MCPError`: -32602 for a name that is unknown or outside the view (the same answer, so a
+    view does not reveal what it hides), `Draining` once the gateway is shutting down.
+    """
+    entry = registry.catalog.resolve(name)
+    if entry is None or not view.allows(entry):
+        log.info("tool call", request_id=request_id, tool=name[:128], outcome="unknown_tool")
+        raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {name}")
+    if draining:
+        raise Draining()
+    return entry
 
 
 def forwardable_meta(meta: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -43,24 +75,37 @@ def forwardable_meta(meta: Mapping[str, Any] | None) -> dict[str, Any]:
     }
 
 
-def error_result(entry: Entry, reason: str, modern: bool) -> Json:
+def error_result(entry: Entry, reason: str, version: str) -> Json:
     """An `isError` result naming the server and the reason, for the model to read."""
     result: Json = {"content": [{"type": "text", "text": f"{entry.public}: {reason}"}], "isError": True}
-    return label_result(result, entry, modern)
+    return shape_result(result, entry, version)
 
 
-def label_result(raw: Json, entry: Entry, modern: bool) -> Json:
-    """The upstream's result in the caller's era, its identity stamp removed and Manifold's labels added."""
+def shape_result(raw: Json, entry: Entry, version: str) -> Json:
+    """The upstream's result for a caller of protocol `version`: Manifold's labels and identity, nothing else's.
+
+    The upstream's identity stamp is replaced by Manifold's (2026-07-28), `resultType` is set for
+    2026 callers and dropped for earlier ones, as are fields only later revisions define. A result
+    that asks for more input (`input_required`) cannot reach an earlier-era caller: that is an error.
+    """
     meta = raw.get("_meta")
     kept = {k: v for k, v in meta.items() if k != SERVER_INFO_KEY} if isinstance(meta, dict) else {}
     kept[f"{META_PREFIX}server"] = entry.server
     kept[f"{META_PREFIX}trust"] = entry.labels.trust
-    result = {**raw, "_meta": kept}
-    if modern:
+    if version in MODERN_PROTOCOL_VERSIONS:
+        kept[SERVER_INFO_KEY] = SERVER_INFO
+        result = {**raw, "_meta": kept}
         result.setdefault("resultType", "complete")
-    elif result.get("resultType") == "complete":
-        del result["resultType"]
-    return result
+        return result
+    kind = raw.get("resultType", "complete")
+    if kind != "complete":
+        raise MCPError(
+            types.INTERNAL_ERROR,
+            f"server '{entry.server}' answered {entry.public} with a {kind!r} result, which a {version} client "
+            "cannot take",
+        )
+    foreign = later_revision_fields("tools/call", version) | {"resultType"}
+    return {**{k: v for k, v in raw.items() if k not in foreign}, "_meta": kept}
 
 
 class ProgressRelay:
@@ -123,33 +168,36 @@ CONFIRM_SCHEMA: Json = {
     "properties": {"allow": {"type": "boolean", "title": "Allow this call?"}},
     "required": ["allow"],
 }
-_STATE_KEY = secrets.token_bytes(32)
 
 
-def _confirm_state(entry: Entry, arguments: Mapping[str, Any] | None) -> str:
+def confirm_state(key: bytes, entry: Entry, arguments: Mapping[str, Any] | None) -> str:
+    """The `requestState` of a confirmation: an HMAC under `key` of the tool and its arguments."""
     text = json.dumps([entry.public, arguments or {}], sort_keys=True, default=str)
-    return hmac.new(_STATE_KEY, text.encode(), hashlib.sha256).hexdigest()
+    return hmac.new(key, text.encode(), hashlib.sha256).hexdigest()
 
 
-async def confirm(ctx: ServerRequestContext[Any], entry: Entry, params: types.CallToolRequestParams) -> Json | None:
+async def confirm(
+    ctx: ServerRequestContext[Any], entry: Entry, params: types.CallToolRequestParams, key: bytes
+) -> Json | None:
     """Ask the human to allow a gated call. None when allowed; else the result to answer with.
 
     2025-era clients are asked with an `elicitation/create` request; 2026-era clients get an
     `input_required` result and retry with the answer, tied to this tool and these arguments.
     """
-    modern = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
+    version = ctx.protocol_version
+    modern = version in MODERN_PROTOCOL_VERSIONS
     capabilities = ctx.session.client_capabilities
     if capabilities is None or capabilities.elicitation is None:
         return error_result(
             entry,
             "this tool needs the user's confirmation, but this client cannot ask (it did not declare the "
             "elicitation capability); the call was not made",
-            modern,
+            version,
         )
     arguments = json.dumps(params.arguments or {}, indent=2, default=str)
     message = f"Allow {entry.public} (server '{entry.server}') with these arguments?\n{arguments[:4000]}"
     if modern:
-        state = _confirm_state(entry, params.arguments)
+        state = confirm_state(key, entry, params.arguments)
         answer = (params.input_responses or {}).get(CONFIRM_KEY)
         if answer is None or not hmac.compare_digest(params.request_state or "", state):
             request = types.ElicitRequest(
@@ -162,19 +210,21 @@ async def confirm(ctx: ServerRequestContext[Any], entry: Entry, params: types.Ca
         result = await ctx.session.elicit_form(message, CONFIRM_SCHEMA, related_request_id=ctx.request_id)
     if result.action == "accept" and (result.content or {}).get("allow") is True:
         return None
-    return error_result(entry, "the user did not allow this call; it was not made", modern)
+    return error_result(entry, "the user did not allow this call; it was not made", version)
 
 
 async def call_tool(
-    registry: Registry, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams, view: View
+    registry: Registry,
+    ctx: ServerRequestContext[Any],
+    params: types.CallToolRequestParams,
+    view: View,
+    *,
+    draining: bool,
+    confirm_key: bytes,
 ) -> Json:
     """Serve one downstream `tools/call` that came through the SDK's server."""
-    entry = registry.catalog.resolve(params.name)
-    if entry is None or not view.allows(entry):
-        log.info("tool call", request_id=ctx.request_id, tool=params.name[:128], outcome="unknown_tool")
-        raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {params.name}")
-    modern = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
-    if view.confirms(entry) and (refusal := await confirm(ctx, entry, params)) is not None:
+    entry = admit(registry, view, params.name, ctx.request_id, draining=draining)
+    if view.confirms(entry) and (refusal := await confirm(ctx, entry, params, confirm_key)) is not None:
         outcome = "pending" if refusal.get("resultType") == "input_required" else "denied"
         if outcome == "denied":
             registry.metrics.record_call(entry.server, entry.public, outcome)
@@ -187,7 +237,7 @@ async def call_tool(
         params.arguments,
         forwardable_meta(ctx.meta),
         request_id=ctx.request_id,
-        modern=modern,
+        version=ctx.protocol_version,
         relay=ProgressRelay(ctx) if wants_progress else None,
         headers=ctx.request.headers if ctx.request is not None else None,
     )
@@ -200,7 +250,7 @@ async def forward_call(
     meta: Mapping[str, Any],
     *,
     request_id: Any,
-    modern: bool,
+    version: str,
     relay: ProgressRelay | None = None,
     headers: Mapping[str, str] | None = None,
 ) -> Json:
@@ -221,7 +271,7 @@ async def forward_call(
         outcome = "tool_error" if raw.get("isError") else "ok"
     except CallFailed as failure:
         outcome = failure.outcome
-        return error_result(entry, str(failure), modern)
+        return error_result(entry, str(failure), version)
     except MCPError as e:
         outcome = "tool_error"
         raise MCPError(e.code, describe(e), e.error.data) from None
@@ -238,4 +288,4 @@ async def forward_call(
         )
     if relay is not None:
         await relay.drain()
-    return label_result(raw, entry, modern)
+    return shape_result(raw, entry, version)

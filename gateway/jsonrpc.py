@@ -26,15 +26,35 @@ def encode(value: Any) -> bytes:
         return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def decode(data: bytes | str) -> Any:
-    """Parsed JSON; orjson, or the standard library for what orjson refuses (integers past 64 bits).
+def decode(data: bytes) -> Any:
+    """Parsed JSON, integers past 64 bits kept exact. Raises `ValueError` for text that is not JSON.
 
-    Raises `ValueError` (which `json.JSONDecodeError` and `orjson.JSONDecodeError` both are) for bad JSON.
+    orjson reads such an integer as a float; a float that large sends the text to the standard
+    library instead, which keeps every integer as it was written. A large text is only walked for
+    such floats when it holds a run of 19 digits at all.
     """
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return json.loads(data)
+    value = orjson.loads(data)
+    if len(data) > SMALL and data.translate(_DIGITS).find(_DIGIT_RUN) < 0:
+        return value
+    return json.loads(data) if _has_huge_float(value) else value
+
+
+SMALL = 4096
+_DIGITS = bytes(0x30 if 0x30 <= b <= 0x39 else 0x20 for b in range(256))  # digits to "0", the rest to " "
+_DIGIT_RUN = b"0" * 19  # the shortest integer that can be past 64 bits
+
+
+def _has_huge_float(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, float) and not -(2.0**63) <= item < 2.0**63:
+            return True
+    return False
 
 
 def error_body(code: int, message: str, request_id: Any = None, data: Any = None) -> Json:

@@ -66,6 +66,7 @@ class Settings(BaseSettings):
     drain_timeout: float = Field(10.0, ge=0)
     metrics_port: int | None = Field(None, ge=1, le=65535)
     admin_token: SecretStr | None = None
+    confirm_key: SecretStr | None = Field(None, min_length=16)
     store: SecretStr | None = None
     reconcile_interval: float = Field(60.0, gt=0)
     runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
@@ -112,10 +113,11 @@ def load(cli: Mapping[str, Any]) -> tuple[Settings, FileConfig]:
 
 
 def _fill(values: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
-    """`${VAR}` in the file's `admin_token`, `store` and token secrets (credentials are filled when used)."""
+    """`${VAR}` in the file's `admin_token`, `store`, `confirm_key` and token secrets (credentials are filled
+    when used)."""
     filled = dict(values)
     problems = []
-    for key in ("admin_token", "store"):
+    for key in ("admin_token", "store", "confirm_key"):
         if isinstance(filled.get(key), str):
             try:
                 filled[key] = interpolate(filled[key], environ)

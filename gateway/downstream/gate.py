@@ -7,24 +7,31 @@ parses the body once, binds 2025-era sessions to the token that opened them, and
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import hmac
-import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any
 
+import anyio.to_thread
 from mcp.server.transport_security import TransportSecuritySettings
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.access import OPEN_VIEW, TokenSpec, View, views_for
 from gateway.bucket import TokenBucket
+from gateway.downstream.sessions import Sessions
+from gateway.jsonrpc import decode, encode, error_body
 from gateway.logs import get_logger
 
 log = get_logger("gate")
 SCOPE_KEY = "manifold_view"
 SESSION_HEADER = b"mcp-session-id"
 MESSAGE_KEY = "manifold_message"
+SCAN_LIMIT = 64 * 1024
+OFF_LOOP_BODY = 256 * 1024  # bodies this large are decoded in a worker thread, off the event loop
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "[::1]")
 
 
@@ -47,7 +54,7 @@ def transport_security(allowed_hosts: list[str], allowed_origins: list[str]) -> 
 def nesting_depth_exceeds(body: bytes, limit: int) -> bool:
     """Whether JSON text nests arrays/objects deeper than `limit` (strings are skipped)."""
     if body.count(b"[") + body.count(b"{") <= limit:
-        return False  # too few brackets to nest that deep: skip the byte-by-byte scan
+        return False  # too few brackets to nest that deep
     depth = 0
     in_string = escaped = False
     for byte in body:
@@ -69,13 +76,65 @@ def nesting_depth_exceeds(body: bytes, limit: int) -> bool:
     return False
 
 
-def decode_message(body: bytes) -> tuple[Any, tuple[int, str] | None]:
-    """The decoded body, and a JSON-RPC error (code, message) when it is not one JSON-RPC message."""
+def depth_exceeds(value: Any, limit: int) -> bool:
+    """Whether a decoded JSON value nests arrays/objects deeper than `limit`; stops at the first too-deep one."""
+    if not isinstance(value, dict | list):
+        return False
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        for child in item.values() if isinstance(item, dict) else item:
+            if isinstance(child, dict | list):
+                stack.append((child, depth + 1))
+    return False
+
+
+def bracket_depth(body: bytes) -> int:
+    """The deepest nesting of brackets in `body`, counting those inside strings too (so never less than the
+    JSON's own nesting)."""
+    brackets = body.translate(None, _NOT_BRACKETS).translate(_BRACKET_STEPS)
+    return max(accumulate(memoryview(brackets).cast("b")), default=0)
+
+
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_BRACKET_STEPS = bytes.maketrans(b"[]{}", bytes([1, 255, 1, 255]))  # +1 and -1 as signed bytes
+
+
+def decode_message(body: bytes, max_depth: int) -> tuple[Any, tuple[int, str] | None]:
+    """The decoded body, and a JSON-RPC error (code, message) when it is not one acceptable JSON-RPC message.
+
+    The body is parsed once. Its nesting is bounded by a count of its brackets; only a body whose
+    brackets nest too deep (strings included) has its parsed value measured. Text that does not parse
+    is scanned (its first `SCAN_LIMIT` bytes) only to tell a too-deep body from a malformed one.
+    """
+    too_deep = (-32600, f"JSON nested deeper than {max_depth} levels")
     try:
-        message = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        with _collector_paused(len(body) >= OFF_LOOP_BODY):
+            message = decode(body)
+    except (ValueError, RecursionError):
+        if nesting_depth_exceeds(body[:SCAN_LIMIT], max_depth):
+            return None, too_deep
         return None, (-32700, "Parse error: the body is not valid UTF-8 JSON")
+    deep = body.count(b"[") + body.count(b"{") > max_depth and bracket_depth(body) > max_depth
+    if deep and depth_exceeds(message, max_depth):
+        return None, too_deep
     return message, shape_problem(message)
+
+
+@contextmanager
+def _collector_paused(pause: bool) -> Iterator[None]:
+    """Pause the cyclic garbage collector while a large body becomes objects: its passes over the growing
+    heap would otherwise cost more than the parse itself."""
+    if not pause or not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def shape_problem(message: Any) -> tuple[int, str] | None:
@@ -105,6 +164,7 @@ class AuthGate:
 
     app: ASGIApp
     tokens: Iterable[TokenSpec]
+    sessions: Sessions
     limits: Limits = field(default_factory=Limits)
 
     def __post_init__(self) -> None:
@@ -113,7 +173,6 @@ class AuthGate:
         self._buckets = {
             t.name: TokenBucket(t.rate, t.burst or max(1, int(t.rate * 2))) for _, t in self._tokens if t.rate
         }
-        self._session_owner: dict[bytes, str] = {}
 
     def _identify(self, header: bytes | None) -> TokenSpec | None:
         if not header or header[:7].lower() != b"bearer ":
@@ -153,8 +212,9 @@ class AuthGate:
                     {b"retry-after": str(max(1, round(wait + 0.5))).encode()},
                 )
                 return
-        session = headers.get(SESSION_HEADER)
-        if session is not None and self._session_owner.get(session, view.name) != view.name:
+        raw_session = headers.get(SESSION_HEADER)
+        session = raw_session.decode("latin-1") if raw_session is not None else None
+        if session is not None and self.sessions.owner(session) not in (None, view.name):
             await _reject(send, 404, -32600, "Session not found")
             return
         if scope["method"] == "POST":
@@ -162,10 +222,11 @@ class AuthGate:
             if body is None:
                 await _reject(send, 413, -32600, f"Request body over {self.limits.max_body_bytes} bytes")
                 return
-            if nesting_depth_exceeds(body, self.limits.max_json_depth):
-                await _reject(send, 400, -32600, f"JSON nested deeper than {self.limits.max_json_depth} levels")
-                return
-            message, problem = decode_message(body)
+            depth = self.limits.max_json_depth
+            if len(body) >= OFF_LOOP_BODY:
+                message, problem = await anyio.to_thread.run_sync(decode_message, body, depth)
+            else:
+                message, problem = decode_message(body, depth)
             if problem is not None:
                 await _reject(send, 400, problem[0], problem[1])
                 return
@@ -177,16 +238,10 @@ class AuthGate:
             if message["type"] == "http.response.start" and session is None:
                 for key, value in message.get("headers", []):
                     if key.lower() == SESSION_HEADER:
-                        self._session_owner[value] = view.name
+                        self.sessions.opened(value.decode("latin-1"), view.name)
             await send(message)
 
         await self.app(scope, receive, send_watching)
-
-    def forget_sessions(self, live: Iterable[str]) -> None:
-        """Drop ownership records of sessions that no longer exist."""
-        keep = {s.encode() for s in live}
-        for session in [s for s in self._session_owner if s not in keep]:
-            del self._session_owner[session]
 
 
 async def _read_body(receive: Receive, limit: int) -> bytes | None:
@@ -220,7 +275,7 @@ def _replay(body: bytes, downstream: Receive) -> Receive:
 
 
 async def _reject(send: Send, status: int, code: int, message: str, extra: dict[bytes, bytes] | None = None) -> None:
-    body = json.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}}).encode()
+    body = encode(error_body(code, message))
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     headers += list((extra or {}).items())
     await send({"type": "http.response.start", "status": status, "headers": headers})

@@ -1,26 +1,23 @@
-"""The fast lane: `tools/call` and `tools/list` answered straight from the HTTP request.
+"""The shortcut: plain `tools/call` and `tools/list` answered straight from the HTTP request.
 
 The SDK's streamable HTTP server spends milliseconds of CPU on every call (per-request tasks and
 memory streams, SSE framing, model validation both ways). The requests that carry an agent's work
 are few in kind and plain in shape, so this ASGI layer answers exactly those whose every header and
-field it understands, with the result the SDK path would give (as one `application/json` body), and
-hands everything else to the SDK untouched: handshakes, listen streams, progress, confirmations,
-cursors, unknown tools, malformed envelopes and every error the SDK words itself.
+field it understands, as one `application/json` body, and hands everything else to the SDK untouched:
+handshakes, listen streams, progress, confirmations, cursors and malformed envelopes.
+
+It holds no policy of its own: admission, forwarding and result shaping are `gateway.calls`', the
+listing is `downstream.listing`'s, sessions are `downstream.sessions`'. It differs from the SDK path
+only in plumbing.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
-import math
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager, suppress
+from collections.abc import Mapping
 from typing import Any
 
 import anyio
-import orjson
 from mcp import MCPError
-from mcp.client.session import _later_revision_fields
 from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
 from mcp.shared.inbound import (
     ERROR_CODE_HTTP_STATUS,
@@ -33,11 +30,11 @@ from mcp.types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSI
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.calls import forward_call, forwardable_meta
+from gateway.calls import admit, forward_call, forwardable_meta
 from gateway.downstream.gate import MESSAGE_KEY, view_of
-from gateway.downstream.server import LISTING_CACHE, Frontend
+from gateway.downstream.server import Frontend
+from gateway.jsonrpc import INTERNAL_ERROR, REQUEST_CANCELLED, encode
 from gateway.logs import get_logger
-from gateway.upstream.connection import SERVER_INFO_KEY
 
 Json = dict[str, Any]
 log = get_logger("shortcut")
@@ -45,17 +42,7 @@ log = get_logger("shortcut")
 CALL_PARAMS = frozenset({"name", "arguments", "_meta"})
 LIST_PARAMS = frozenset({"_meta"})
 PARAM_HEADER_PREFIX = "mcp-param-"
-REQUEST_CANCELLED = -32800
-INTERNAL_ERROR = -32603
 MAX_REMEMBERED = 1024
-
-
-def encode(value: Any) -> bytes:
-    """JSON bytes; orjson, or the standard library for what orjson refuses (integers past 64 bits)."""
-    try:
-        return orjson.dumps(value)
-    except TypeError:
-        return json.dumps(value, separators=(",", ":")).encode()
 
 
 def _plain_id(value: Any) -> bool:
@@ -85,10 +72,7 @@ class Shortcut:
         self._security = TransportSecurityMiddleware(security)
         self._header_verdicts: dict[tuple[str | None, str | None, str | None], bool] = {}
         self._accept_verdicts: dict[str, bool] = {}
-        self._listings: dict[tuple[int, str, str], bytes] = {}
-        self._legacy_calls: dict[tuple[str, Any], asyncio.Task[Json]] = {}
-        self._foreign: dict[str, frozenset[str]] = {}
-        self._server_info = {"name": frontend.server.name, "version": frontend.server.version}
+        self._legacy_calls: dict[tuple[str, Any], anyio.CancelScope] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] == "/mcp":
@@ -125,10 +109,11 @@ class Shortcut:
                 return False
             return await self._answer(scope, receive, send, method, request_id, params, headers, version, None)
         if version in HANDSHAKE_PROTOCOL_VERSIONS and session_id is not None:
-            transport = self._live_transport(session_id)
+            sessions = self.frontend.sessions
+            transport = sessions.transport(session_id)
             if transport is None:
                 return False
-            with _holding(transport):
+            with sessions.holding(transport):
                 return await self._answer(
                     scope, receive, send, method, request_id, params, headers, version, session_id
                 )
@@ -155,18 +140,6 @@ class Shortcut:
                 self._accept_verdicts[accept] = accepted
         return accepted
 
-    def _live_transport(self, session_id: str) -> Any | None:
-        """The SDK transport of an open 2025-era session the frontend already knows, or None."""
-        if not self.frontend.knows_session(session_id):
-            return None
-        # The SDK keeps no public handle on a session's transport; without these internals the SDK serves.
-        sessions = getattr(self.frontend.server.session_manager, "_server_instances", {})
-        transport = sessions.get(session_id)
-        if transport is None or transport.is_terminated or not hasattr(transport, "_requests_in_flight"):
-            return None
-        idle = transport.idle_scope
-        return None if idle is not None and idle.cancel_called else transport
-
     async def _answer(
         self,
         scope: Scope,
@@ -187,7 +160,7 @@ class Shortcut:
             if not params.keys() <= LIST_PARAMS:
                 return False  # a cursor: the SDK path words the refusal
             self.registry.metrics.count_request(method)
-            await _respond(send, self._listing(version, view), request_id, 200, session_id)
+            await _respond(send, self.frontend.listings.body(view, version), request_id, 200, session_id)
             return True
         name, arguments = params.get("name"), params.get("arguments")
         if not (params.keys() <= CALL_PARAMS and isinstance(name, str)):
@@ -196,108 +169,75 @@ class Shortcut:
             return False
         if meta is not None and "progressToken" in meta:
             return False  # progress is relayed by the SDK path
-        entry = self.registry.catalog.resolve(name)
-        if entry is None or not view.allows(entry) or view.confirms(entry) or self.frontend.draining:
-            return False
         modern = session_id is None
-        if modern and (arguments or any(h.startswith(PARAM_HEADER_PREFIX) for h in headers)):
+        entry = self.registry.catalog.resolve(name)
+        if entry is not None and view.confirms(entry):
+            return False  # a confirmation needs the SDK's back-channel (2025) or input rounds (2026)
+        if modern and entry is not None and (arguments or any(h.startswith(PARAM_HEADER_PREFIX) for h in headers)):
             schema = entry.input_schema
             if schema is not None and validate_mcp_param_headers(schema, arguments or {}, headers) is not None:
-                return False
+                return False  # the SDK words the header mismatch
         self.registry.metrics.count_request(method)
-        call = forward_call(
-            self.registry,
-            entry,
-            arguments,
-            forwardable_meta(meta),
-            request_id=request_id,
-            modern=modern,
-            headers=headers,
-        )
-        with self.frontend.tracking_call():
-            task = asyncio.ensure_future(call)
-            key = (session_id, request_id) if session_id is not None else None
+        key = (session_id, request_id) if session_id is not None else None
+        result: Json | None = None
+        failure: MCPError | None = None
+        broken = False  # the gateway failed, not the call: HTTP 500 for a 2026 caller
+        disconnected = False
+        with self.frontend.tracking_call(), anyio.CancelScope() as call_scope:
             if key is not None:
-                self._legacy_calls[key] = task
-            watcher = asyncio.ensure_future(_disconnected(receive))
+                self._legacy_calls[key] = call_scope
             try:
-                await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+                async with anyio.create_task_group() as tg:
+
+                    async def watch_disconnect() -> None:
+                        nonlocal disconnected
+                        await _disconnected(receive)
+                        disconnected = True
+                        call_scope.cancel()  # the caller went away: the call is cancelled upstream
+
+                    tg.start_soon(watch_disconnect)
+                    try:
+                        entry = admit(self.registry, view, name, request_id, draining=self.frontend.draining)
+                        result = await forward_call(
+                            self.registry,
+                            entry,
+                            arguments,
+                            forwardable_meta(meta),
+                            request_id=request_id,
+                            version=version,
+                            headers=headers,
+                        )
+                    except MCPError as e:
+                        failure = e
+                    except Exception as e:
+                        log.error("shortcut call failed", request_id=request_id, reason=repr(e)[:300])
+                        failure, broken = MCPError(INTERNAL_ERROR, "Internal error"), True
+                    tg.cancel_scope.cancel()
             finally:
-                watcher.cancel()
-                if key is not None and self._legacy_calls.get(key) is task:
+                if key is not None and self._legacy_calls.get(key) is call_scope:
                     del self._legacy_calls[key]
-                if not task.done():
-                    task.cancel()
-                    with suppress(asyncio.CancelledError, Exception):
-                        await task
-        if task.cancelled():
-            if not modern and not watcher.done():
-                error = {"code": REQUEST_CANCELLED, "message": "Request cancelled"}
-                await _respond(send, encode(error), request_id, 200, session_id, key=b"error")
-            return True
-        await self._send_outcome(send, task, request_id, version, session_id)
-        return True
-
-    async def _send_outcome(
-        self, send: Send, task: asyncio.Task[Json], request_id: Any, version: str, session_id: str | None
-    ) -> None:
-        modern = session_id is None
-        error = task.exception()
-        if isinstance(error, MCPError):
-            body: Json = {"code": error.code, "message": error.error.message}
-            if error.error.data is not None:
-                body["data"] = error.error.data
-            status = ERROR_CODE_HTTP_STATUS.get(error.code, 200) if modern else 200
+        if failure is not None:
+            status = 200 if not modern else 500 if broken else ERROR_CODE_HTTP_STATUS.get(failure.code, 200)
+            body: Json = {"code": failure.code, "message": failure.error.message}
+            if failure.error.data is not None:
+                body["data"] = failure.error.data
             await _respond(send, encode(body), request_id, status, session_id, key=b"error")
-            return
-        if error is not None:
-            log.error("fast-lane call failed", request_id=request_id, reason=repr(error)[:300])
-            body = {"code": INTERNAL_ERROR, "message": "Internal error"}
-            await _respond(send, encode(body), request_id, 500 if modern else 200, session_id, key=b"error")
-            return
-        result = task.result()
-        if modern:
-            result["_meta"] = {**result.get("_meta", {}), SERVER_INFO_KEY: self._server_info}
-        else:
-            if "resultType" in result:  # a modern-only answer (e.g. input_required) a 2025 client cannot take
-                body = {"code": INTERNAL_ERROR, "message": "Handler returned an invalid result"}
-                await _respond(send, encode(body), request_id, 200, session_id, key=b"error")
-                return
-            foreign = self._foreign.get(version)
-            if foreign is None:
-                foreign = self._foreign[version] = _later_revision_fields("tools/call", version)
-            if not foreign.isdisjoint(result):
-                result = {k: v for k, v in result.items() if k not in foreign}
-        await _respond(send, encode(result), request_id, 200, session_id)
-
-    def _listing(self, version: str, view: Any) -> bytes:
-        """The serialised tools/list result for this catalog version, protocol version and view."""
-        catalog_version = self.registry.catalog.version
-        key = (catalog_version, version, view.name)
-        cached = self._listings.get(key)
-        if cached is None:
-            result: Json = {"tools": self.frontend.visible(view)}
-            if version in MODERN_PROTOCOL_VERSIONS:
-                result.update(
-                    cacheScope=LISTING_CACHE.scope,
-                    resultType="complete",
-                    ttlMs=LISTING_CACHE.ttl_ms,
-                    _meta={SERVER_INFO_KEY: self._server_info},
-                )
-            cached = encode(result)
-            self._listings = {k: v for k, v in self._listings.items() if k[0] == catalog_version}
-            self._listings[key] = cached
-        return cached
+        elif result is not None:
+            await _respond(send, encode(result), request_id, 200, session_id)
+        elif not modern and not disconnected:
+            error = {"code": REQUEST_CANCELLED, "message": "Request cancelled"}
+            await _respond(send, encode(error), request_id, 200, session_id, key=b"error")
+        return True
 
     async def _cancel(self, message: Json, version: str | None, session_id: str | None, send: Send) -> bool:
         """A 2025-era `notifications/cancelled` for a call this lane is serving: cancel it, answer 202."""
         params = message.get("params")
         if session_id is None or version not in HANDSHAKE_PROTOCOL_VERSIONS or not isinstance(params, dict):
             return False
-        task = self._legacy_calls.get((session_id, params.get("requestId")))
-        if task is None or self._live_transport(session_id) is None:
+        call_scope = self._legacy_calls.get((session_id, params.get("requestId")))
+        if call_scope is None or self.frontend.sessions.transport(session_id) is None:
             return False
-        task.cancel()
+        call_scope.cancel()
         await send({"type": "http.response.start", "status": 202, "headers": _headers(0, session_id)})
         await send({"type": "http.response.body", "body": b""})
         return True
@@ -317,20 +257,3 @@ async def _respond(
     body = b'{"jsonrpc":"2.0","id":' + encode(request_id) + b',"' + key + b'":' + payload + b"}"
     await send({"type": "http.response.start", "status": status, "headers": _headers(len(body), session_id)})
     await send({"type": "http.response.body", "body": body})
-
-
-@contextmanager
-def _holding(transport: Any) -> Iterator[None]:
-    """Count a request as in flight on an SDK session, as its own transport does, so it does not idle out."""
-    idle, timeout = transport.idle_scope, transport._idle_timeout
-    if idle is None or timeout is None:
-        yield
-        return
-    transport._requests_in_flight += 1
-    idle.deadline = math.inf
-    try:
-        yield
-    finally:
-        transport._requests_in_flight -= 1
-        if not transport._requests_in_flight:
-            idle.deadline = anyio.current_time() + timeout

@@ -10,8 +10,6 @@ def keep_exit_status_clean(server: uvicorn.Server) -> None:
     server._captured_signals.clear()
 
 
-
-
 async def _no_app(scope: object, receive: object, send: object) -> None:
     return None
 

@@ -45,7 +45,6 @@ from gateway.upstream.stdio import DirectChannel, stdio_transport
 
 Json = dict[str, Any]
 CLIENT_INFO = types.Implementation(name="manifold", version=__version__)
-SERVER_INFO_KEY = "io.modelcontextprotocol/serverInfo"
 
 log = get_logger("upstream")
 FORWARDED: ContextVar[Mapping[str, str] | None] = ContextVar("manifold_forwarded_headers", default=None)

@@ -235,3 +235,54 @@ def test_refuses_to_expose_an_open_gateway(tmp_path: Path) -> None:
     with run_gateway(tmp_path, {"servers": {}}) as gw:
         warned = [e for e in gw.log_events() if e.get("event", "").startswith("no API tokens configured")]
         assert warned and warned[0]["level"] == "warning"
+
+
+def _confirming_replicas(tmp_path: Path, confirm_key: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The first answer (from replica A) and the answer to the retry (sent to replica B) of a confirmed call."""
+    from bench.mcphttp import (
+        CLIENT_INFO,
+        META_CAPABILITIES,
+        META_CLIENT_INFO,
+        META_VERSION,
+        MODERN,
+        Connection,
+        Endpoint,
+        Session,
+    )
+
+    config: dict[str, Any] = {
+        "auth": {"tokens": [{"name": "careful", "token": "${T_ALPHA}", "gated": "confirm"}]},
+        "servers": {"fx": stdio_spec()},
+    }
+    if confirm_key is not None:
+        config["confirm_key"] = confirm_key
+    meta = {META_VERSION: MODERN, META_CLIENT_INFO: CLIENT_INFO, META_CAPABILITIES: {"elicitation": {}}}
+    session = Session(MODERN, {"MCP-Protocol-Version": MODERN, **bearer(ALPHA)}, meta)
+    args = {"name": "fx__write_note", "arguments": {"note": "once"}}
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    with run_gateway(tmp_path / "a", config, env=ENV) as a, run_gateway(tmp_path / "b", config, env=ENV) as b:
+        conn_a, conn_b = Connection(Endpoint.parse(a.url)), Connection(Endpoint.parse(b.url))
+        for conn in (conn_a, conn_b):
+            deadline = time.monotonic() + 20
+            while "fx__write_note" not in {t["name"] for t in conn.request(session, "tools/list")["tools"]}:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        first = conn_a.request(session, "tools/call", args)
+        assert first["resultType"] == "input_required"
+        answer = {"action": "accept", "content": {"allow": True}}
+        retry = {**args, "inputResponses": {"manifold/confirm": answer}, "requestState": first["requestState"]}
+        second = conn_b.request(session, "tools/call", retry)
+        conn_a.close()
+        conn_b.close()
+    return first, second
+
+
+def test_a_confirmation_answered_on_another_replica_holds_with_a_shared_key(tmp_path: Path) -> None:
+    _, second = _confirming_replicas(tmp_path, "a-shared-confirm-key-0123456789")
+    assert second.get("isError") is not True and second["content"][0]["text"] == "stored"
+
+
+def test_without_a_shared_key_another_replica_asks_again(tmp_path: Path) -> None:
+    _, second = _confirming_replicas(tmp_path, None)
+    assert second["resultType"] == "input_required"

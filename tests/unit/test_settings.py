@@ -27,6 +27,7 @@ def test_file_keys():
         "drain_timeout",
         "metrics_port",
         "admin_token",
+        "confirm_key",
         "store",
         "reconcile_interval",
         "runtime",

@@ -1,0 +1,63 @@
+"""`tools/list` results: shaped once per (catalog version, protocol version, caller's view), and served from there."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mcp.server.caching import CacheHint
+from mcp.types.version import MODERN_PROTOCOL_VERSIONS
+
+from gateway.access import OPEN_VIEW, View
+from gateway.calls import SERVER_INFO, SERVER_INFO_KEY
+from gateway.catalog import Catalog
+from gateway.jsonrpc import encode
+
+Json = dict[str, Any]
+# Per-token views (and live changes) make a listing private and immediately stale.
+LISTING_CACHE = CacheHint(ttl_ms=0, scope="private")
+
+
+class Listings:
+    """The listing each view sees, as a result for the SDK's server and as bytes for the shortcut."""
+
+    def __init__(self, catalog: Catalog) -> None:
+        self.catalog = catalog
+        self._version = catalog.version
+        self._results: dict[tuple[str, str], Json] = {}
+        self._bodies: dict[tuple[str, str], bytes] = {}
+
+    def visible(self, view: View) -> list[Json]:
+        """The published tools this view may see."""
+        if view is OPEN_VIEW:
+            return self.catalog.listing
+        return [e.tool for e in self.catalog.entries.values() if view.allows(e)]
+
+    def result(self, view: View, version: str) -> Json:
+        """The handler's result (the SDK adds the 2026 cache hints and identity stamp to it)."""
+        key = self._key(view, version)
+        result = self._results.get(key)
+        if result is None:
+            result = {"tools": self.visible(view)}
+            if version in MODERN_PROTOCOL_VERSIONS:
+                result["resultType"] = "complete"
+            self._results[key] = result
+        return result
+
+    def body(self, view: View, version: str) -> bytes:
+        """The whole result as it goes on the wire, envelope included, serialised once."""
+        key = self._key(view, version)
+        body = self._bodies.get(key)
+        if body is None:
+            result = dict(self.result(view, version))
+            if version in MODERN_PROTOCOL_VERSIONS:
+                result.update(
+                    cacheScope=LISTING_CACHE.scope, ttlMs=LISTING_CACHE.ttl_ms, _meta={SERVER_INFO_KEY: SERVER_INFO}
+                )
+            body = self._bodies[key] = encode(result)
+        return body
+
+    def _key(self, view: View, version: str) -> tuple[str, str]:
+        if self._version != self.catalog.version:  # the catalog changed: every cached listing is stale
+            self._version = self.catalog.version
+            self._results, self._bodies = {}, {}
+        return (version, view.name)

@@ -1,0 +1,95 @@
+"""The one owner of downstream 2025-era session state.
+
+A session is opened by the SDK's transport (on `initialize`); the gate records which token's view
+opened it, the server records the SDK session it pushes change notices through. Liveness comes from
+the SDK's own table of open sessions, read through `gateway.internals.sdk`; records of sessions it
+has closed are pruned whenever the sessions are counted or told of a change, and as the table grows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from mcp.server.streamable_http import StreamableHTTPServerTransport
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+
+from gateway.internals.sdk import holding, serving_transport, session_transports
+
+
+@dataclass
+class Session:
+    """One open 2025-era session: the view it belongs to, and (once it served a request) its SDK session."""
+
+    view: str
+    pusher: Any = None
+
+
+class Sessions:
+    """Every open 2025-era session by id."""
+
+    def __init__(self) -> None:
+        self._manager: StreamableHTTPSessionManager | None = None
+        self._by_id: dict[str, Session] = {}
+        self._prune_at = 64
+
+    def attach(self, manager: StreamableHTTPSessionManager) -> None:
+        """Read liveness from this SDK session manager."""
+        self._manager = manager
+
+    def owner(self, session_id: str) -> str | None:
+        """The view that opened the session, or None when unknown here."""
+        session = self._by_id.get(session_id)
+        return session.view if session is not None else None
+
+    def opened(self, session_id: str, view: str) -> None:
+        """Record a session the SDK just opened for a caller with `view`."""
+        self._by_id.setdefault(session_id, Session(view))
+        if len(self._by_id) >= self._prune_at:
+            self.prune()
+            self._prune_at = max(64, 2 * len(self._by_id))
+
+    def served(self, session_id: str, view: str, pusher: Any) -> None:
+        """Record the SDK session a request of `session_id` was served on (change notices go through it)."""
+        session = self._by_id.setdefault(session_id, Session(view))
+        if session.pusher is None:
+            session.pusher = pusher
+
+    def knows(self, session_id: str) -> bool:
+        """Whether the session has served a request through the SDK (so it is initialised)."""
+        session = self._by_id.get(session_id)
+        return session is not None and session.pusher is not None
+
+    def prune(self) -> None:
+        """Forget the sessions the SDK has closed."""
+        if self._manager is None:
+            return
+        live = session_transports(self._manager)
+        for session_id in [s for s in self._by_id if s not in live]:
+            del self._by_id[session_id]
+
+    def count(self) -> int:
+        """Open 2025-era sessions."""
+        self.prune()
+        return len(self._by_id)
+
+    def pushers(self) -> Iterator[tuple[str, Any]]:
+        """(view, SDK session) of every live session that can be sent change notices."""
+        self.prune()
+        for session in list(self._by_id.values()):
+            if session.pusher is not None:
+                yield session.view, session.pusher
+
+    def transport(self, session_id: str) -> StreamableHTTPServerTransport | None:
+        """The SDK transport of a known, live session that can take a request, or None."""
+        if self._manager is None or not self.knows(session_id):
+            return None
+        return serving_transport(self._manager, session_id)
+
+    @contextmanager
+    def holding(self, transport: StreamableHTTPServerTransport) -> Iterator[None]:
+        """Keep the session from idling out while a request is served beside the SDK."""
+        with holding(transport):
+            yield
