@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -9,7 +10,6 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from gateway import __version__
 
-CALL_OUTCOMES = ("ok", "tool_error", "unavailable", "timeout", "busy", "denied", "invalid", "cancelled")
 KNOWN_METHODS = frozenset(
     {
         "initialize",
@@ -67,12 +67,30 @@ class Metrics:
             ["method"],
             registry=r,
         )
+        self.store_bad_rows = Gauge(
+            "manifold_store_bad_rows",
+            "1 for each row of the runtime-server store that cannot be read back (skipped), by its name",
+            ["server"],
+            registry=r,
+        )
         self.build_info = Gauge("manifold_build_info", "Always 1; the version is a label", ["version"], registry=r)
         self.build_info.labels(__version__).set(1)
         self._children: dict[tuple[str, ...], Any] = {}  # labelled series, looked up once each
+        self._servers: set[str] = set()
+        # Every metric with a `server` label, and its label names in order.
+        self._per_server: tuple[tuple[Any, tuple[str, ...]], ...] = (
+            (self.upstream_up, ("server",)),
+            (self.upstream_tools, ("server",)),
+            (self.upstream_connects, ("server", "outcome")),
+            (self.tools_changes, ("server",)),
+            (self.tool_calls, ("server", "tool", "outcome")),
+            (self.call_duration, ("server",)),
+            (self.call_retries, ("server",)),
+        )
 
     def add_server(self, server: str) -> None:
         """Create a server's series at zero so they exist before its first event."""
+        self._servers.add(server)
         self.upstream_up.labels(server).set(0)
         self.upstream_tools.labels(server).set(0)
         for outcome in ("ok", "error"):
@@ -80,16 +98,50 @@ class Metrics:
         self.tools_changes.labels(server)
         self.call_retries.labels(server)
 
+    def remove_server(self, server: str) -> None:
+        """Drop every series labelled with `server`: a removed server leaves nothing behind in `/metrics`."""
+        self._servers.discard(server)
+        for metric, names in self._per_server:
+            labelsets = {
+                tuple(sample.labels[n] for n in names)
+                for family in metric.collect()
+                for sample in family.samples
+                if sample.labels.get("server") == server
+            }
+            for labels in labelsets:
+                metric.remove(*labels)
+        for key in [k for k in self._children if k[0] in ("calls", "duration") and k[1] == server]:
+            del self._children[key]
+
+    def set_bad_rows(self, names: Iterable[str]) -> None:
+        """Report exactly these store rows as unreadable."""
+        self.store_bad_rows.clear()
+        for name in names:
+            self.store_bad_rows.labels(name).set(1)
+
     def count_request(self, method: str) -> None:
         """Count one downstream message; unknown methods share the label `other`."""
         label = method if method in KNOWN_METHODS else "other"
         self._child(self.downstream_requests, "requests", label).inc()
 
     def record_call(self, server: str, tool: str, outcome: str, seconds: float | None = None) -> None:
-        """Count one tool call by outcome, and time it when `seconds` is given."""
+        """Count one tool call by outcome, and time it when `seconds` is given (not for a removed server, whose
+        series are gone: a call that ends after its server was removed must not bring them back)."""
+        if server not in self._servers:
+            return
         self._child(self.tool_calls, "calls", server, tool, outcome).inc()
         if seconds is not None:
             self._child(self.call_duration, "duration", server).observe(seconds)
+
+    def count_retry(self, server: str) -> None:
+        """Count one retried call attempt (not for a removed server)."""
+        if server in self._servers:
+            self.call_retries.labels(server).inc()
+
+    def count_connect(self, server: str, outcome: str) -> None:
+        """Count one connection attempt by outcome, `ok` or `error` (not for a removed server)."""
+        if server in self._servers:
+            self.upstream_connects.labels(server, outcome).inc()
 
     def _child(self, metric: Any, kind: str, *labels: str) -> Any:
         key = (kind, *labels)

@@ -40,7 +40,12 @@ def probe_routes(registry: Registry, runtime: Runtime, started: Callable[[], boo
     async def readyz(_: Request) -> JSONResponse:
         ready, body = readiness(registry, started())
         health = runtime.health
-        body["store"] = {"kind": runtime.store.kind, "ok": health.ok, "error": health.error}
+        body["store"] = {
+            "kind": runtime.store.kind,
+            "ok": health.ok,
+            "error": health.error,
+            "bad_rows": sorted(runtime.bad_rows),
+        }
         if not health.ok:
             body["degraded"] = True
         return JSONResponse(body, status_code=200 if ready else 503)

@@ -15,27 +15,34 @@ from gateway.egress import EgressPolicy
 from gateway.logs import get_logger
 from gateway.metrics import Metrics
 from gateway.upstream.connection import Upstream
-from gateway.upstream.errors import State
+from gateway.upstream.errors import State, describe
 
 log = get_logger("registry")
 Listener = Callable[[], Awaitable[None]]
 
 
+class NameTaken(KeyError):
+    """A change found the name taken (or, for `replace(..., replacing=...)`, held by a server of another source)."""
+
+
 class Registry:
-    """Every configured upstream, the merged catalog, and who to tell when the catalog changes."""
+    """Every configured upstream, the merged catalog, and who to tell when the catalog changes.
+
+    Every change of the set of upstreams (`add`, `remove`, `replace`, `apply_config`) runs under one lock, so
+    no change sees another half done; listeners are told after the lock is released.
+    """
 
     def __init__(
         self,
         specs: Iterable[ServerSpec],
         environ: Mapping[str, str] | None = None,
-        metrics: Metrics | None = None,
         credentials: Mapping[str, Any] | None = None,
         *,
         fast: bool = True,
     ) -> None:
         self.catalog = Catalog()
         self._fast = fast
-        self.metrics = metrics or Metrics()
+        self.metrics = Metrics()
         self.upstreams: dict[str, Upstream] = {}
         self._environ = environ
         self._credentials = credentials or {}
@@ -43,6 +50,7 @@ class Registry:
         self._collisions: list[Collision] = []
         self._listeners: list[Listener] = []
         self._tg: anyio.abc.TaskGroup | None = None
+        self._changing = anyio.Lock()
         for spec in specs:
             self._create(spec, "config", None)
 
@@ -61,41 +69,81 @@ class Registry:
         self.upstreams[spec.name] = upstream
         return upstream
 
-    async def _own(self, upstream: Upstream) -> None:
-        with anyio.CancelScope() as scope:
-            upstream.scope = scope
-            try:
-                await upstream.run()
-            finally:
-                upstream.stopped.set()
+    def _start(self, upstream: Upstream) -> None:
+        """Schedule the owner task. Its cancel scope exists from now on, so a removal before the task has
+        run still stops it (the task then returns without connecting)."""
+        assert self._tg is not None, "the registry is not running"
+        scope = upstream.scope = anyio.CancelScope()
+        self._tg.start_soon(self._own, upstream, scope, name=f"upstream:{upstream.name}")
 
-    def add(self, spec: ServerSpec, source: str = "runtime", egress: EgressPolicy | None = None) -> Upstream:
-        """Start a new server at once (its tools appear when it is up)."""
+    async def _own(self, upstream: Upstream, scope: anyio.CancelScope) -> None:
+        try:
+            if scope.cancel_called:
+                return  # removed before this task ran
+            with scope:
+                await upstream.run()
+        finally:
+            upstream.stopped.set()
+
+    async def add(self, spec: ServerSpec, source: str, egress: EgressPolicy | None = None) -> Upstream:
+        """Start a new server at once (its tools appear when it is up); `NameTaken` if the name is in use."""
+        async with self._changing:
+            return self._add(spec, source, egress)
+
+    def _add(self, spec: ServerSpec, source: str, egress: EgressPolicy | None) -> Upstream:
         if spec.name in self.upstreams:
-            raise KeyError(spec.name)
+            raise NameTaken(spec.name)
         assert self._tg is not None, "the registry is not running"
         upstream = self._create(spec, source, egress)
-        self._tg.start_soon(self._own, upstream, name=f"upstream:{spec.name}")
+        self._start(upstream)
         return upstream
 
-    async def remove(self, name: str) -> None:
-        """Stop a server and forget it; returns once its connection (and process group) is gone."""
+    async def remove(self, name: str, *, source: str | None = None) -> bool:
+        """Stop a server and forget it, its published tools and its metric series; returns once its connection
+        (and process group) is gone. False, changing nothing, when there is no such server or (with `source`)
+        it comes from another source."""
+        async with self._changing:
+            current = self.upstreams.get(name)
+            if current is None or (source is not None and current.source != source):
+                return False
+            changed = await self._remove(name, forget=True)
+        if changed:
+            await self._notify()
+        return True
+
+    async def _remove(self, name: str, *, forget: bool) -> bool:
+        """Stop and drop a server; True when the merged catalog changed (the caller tells the listeners)."""
         upstream = self.upstreams[name]
-        if upstream.scope is not None:
-            upstream.scope.cancel()
-            await upstream.stopped.wait()
+        with anyio.CancelScope(shield=True):  # a cancelled caller must not leave a half-removed server
+            if upstream.scope is not None:
+                upstream.scope.cancel()
+                await upstream.stopped.wait()
         del self.upstreams[name]
         self._published.pop(name, None)
-        self.metrics.upstream_up.labels(name).set(0)
-        self.metrics.upstream_tools.labels(name).set(0)
-        if self.catalog.remove(name):
+        if forget:
+            self.metrics.remove_server(name)
+        else:
+            self.metrics.upstream_up.labels(name).set(0)
+            self.metrics.upstream_tools.labels(name).set(0)
+        changed = self.catalog.remove(name)
+        if changed:
             self.metrics.catalog_tools.set(len(self.catalog.entries))
-            await self._notify()
+        return changed
 
-    async def replace(self, spec: ServerSpec, source: str, egress: EgressPolicy | None = None) -> Upstream:
-        """Restart a server with new options."""
-        await self.remove(spec.name)
-        return self.add(spec, source, egress)
+    async def replace(
+        self, spec: ServerSpec, source: str, egress: EgressPolicy | None = None, *, replacing: str | None = None
+    ) -> Upstream:
+        """Restart a server with new options (or start it, if there is none by that name). With `replacing`,
+        only a server of that source is replaced: one of another source raises `NameTaken`."""
+        async with self._changing:
+            current = self.upstreams.get(spec.name)
+            if current is not None and replacing is not None and current.source != replacing:
+                raise NameTaken(spec.name)
+            changed = current is not None and await self._remove(spec.name, forget=False)
+            upstream = self._add(spec, source, egress)
+        if changed:
+            await self._notify()
+        return upstream
 
     def on_catalog_change(self, listener: Listener) -> None:
         """Call `listener` after each change of the merged listing."""
@@ -107,7 +155,7 @@ class Registry:
         async with anyio.create_task_group() as tg:
             self._tg = tg
             for upstream in self.upstreams.values():
-                tg.start_soon(self._own, upstream, name=f"upstream:{upstream.name}")
+                self._start(upstream)
             try:
                 yield self
             finally:
@@ -115,21 +163,27 @@ class Registry:
                 self._tg = None
 
     async def apply_config(self, specs: Iterable[ServerSpec]) -> list[str]:
-        """Apply a re-read config file as a diff: add, remove, or restart only servers whose options changed."""
+        """Apply a re-read config file as a diff: add, remove, or restart only servers whose options changed.
+        A server of the file replaces a runtime server of the same name."""
         wanted = {spec.name: spec for spec in specs}
         changes = []
-        for name, upstream in list(self.upstreams.items()):
-            if upstream.source == "config" and name not in wanted:
-                await self.remove(name)
-                changes.append(f"removed {name}")
-        for name, spec in wanted.items():
-            current = self.upstreams.get(name)
-            if current is None:
-                self.add(spec, "config")
-                changes.append(f"added {name}")
-            elif current.spec != spec or current.source != "config":
-                await self.replace(spec, "config")
-                changes.append(f"restarted {name}")
+        changed = False
+        async with self._changing:
+            for name, upstream in list(self.upstreams.items()):
+                if upstream.source == "config" and name not in wanted:
+                    changed |= await self._remove(name, forget=True)
+                    changes.append(f"removed {name}")
+            for name, spec in wanted.items():
+                current = self.upstreams.get(name)
+                if current is None:
+                    self._add(spec, "config", None)
+                    changes.append(f"added {name}")
+                elif current.spec != spec or current.source != "config":
+                    changed |= await self._remove(name, forget=False)
+                    self._add(spec, "config", None)
+                    changes.append(f"restarted {name}")
+        if changed:
+            await self._notify()
         return changes
 
     async def wait_settled(self, timeout: float) -> None:
@@ -164,6 +218,16 @@ class Registry:
             await self._notify()
 
     async def _notify(self) -> None:
+        """Tell every listener; one that fails is logged and the others are still told. This runs in an
+        upstream's owner task or a change's caller, which a listener's failure must never end."""
         log.info("catalog changed", version=self.catalog.version, tools=len(self.catalog.entries))
         for listener in self._listeners:
-            await listener()
+            try:
+                await listener()
+            except Exception as e:
+                log.error(
+                    "catalog change listener failed",
+                    version=self.catalog.version,
+                    listener=getattr(listener, "__qualname__", type(listener).__name__),
+                    reason=f"{type(e).__name__}: {describe(e)}",
+                )

@@ -28,6 +28,22 @@ def error(status: int, message: str, errors: list[str] | None = None) -> JSONRes
     return JSONResponse(body, status_code=status, headers=headers)
 
 
+async def read_capped(request: Request, limit: int) -> bytes | None:
+    """The body, or None as soon as it is known to be over `limit` bytes: by its declared length, or else
+    while it arrives, without reading (or holding) the rest."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        return None
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def describe_server(upstream: Upstream, registry: Registry, *, with_tools: bool = False) -> dict[str, Any]:
     """A server as the admin API shows it: never its headers, env or credential values."""
     spec = upstream.spec
@@ -70,8 +86,8 @@ def admin_routes(
         return JSONResponse(describe_server(upstream, registry, with_tools=True))
 
     async def add_server(request: Request) -> Response:
-        raw = await request.body()
-        if len(raw) > MAX_BODY:
+        raw = await read_capped(request, MAX_BODY)
+        if raw is None:
             return error(413, f"the body is over {MAX_BODY} bytes")
         try:
             body = json.loads(raw)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,8 +11,9 @@ from gateway.admin.store import Options, Store, StoreError
 from gateway.config import ServerSpec, parse_server
 from gateway.egress import EgressDenied, EgressPolicy, check_url
 from gateway.logs import get_logger
-from gateway.registry import Registry
+from gateway.registry import NameTaken, Registry
 from gateway.settings import Settings
+from gateway.upstream.errors import describe
 
 log = get_logger("runtime")
 SECRET_KEYS = ("headers", "env")
@@ -29,11 +29,10 @@ class RuntimeError_(Exception):
 
 @dataclass
 class StoreHealth:
-    """Whether the store answered last time, and if not, why and since when."""
+    """Whether the store answered last time, and if not, why."""
 
     ok: bool = True
     error: str | None = None
-    since: float = 0.0
 
 
 def _has_placeholder(value: Any) -> bool:
@@ -53,6 +52,7 @@ class Runtime:
         self.registry, self.store, self.settings = registry, store, settings
         self.egress = EgressPolicy.from_allow(settings.runtime.egress.allow) if settings.egress_enabled else None
         self.health = StoreHealth()
+        self.bad_rows: dict[str, str] = {}  # stored rows that cannot be read back: name -> why (never the row)
         self._lock = anyio.Lock()
         self._applied: dict[str, Options] = {}
         self._wake = anyio.Event()
@@ -98,7 +98,11 @@ class Runtime:
                 raise RuntimeError_(409, [f"a server named {spec.name!r} already exists"])
             if not await self._store_call(self.store.add(spec.name, options)):
                 raise RuntimeError_(409, [f"a server named {spec.name!r} already exists (in the store)"])
-            self.registry.add(spec, "runtime", self.egress)
+            try:
+                await self.registry.add(spec, "runtime", self.egress)
+            except NameTaken:  # a config reload took the name since the check above: undo the store's row
+                await self._store_call(self.store.remove(spec.name))
+                raise RuntimeError_(409, [f"a server named {spec.name!r} already exists"]) from None
             self._applied[spec.name] = options
         log.info("runtime server added", server=spec.name)
         return spec
@@ -112,7 +116,8 @@ class Runtime:
             if upstream.source != "runtime":
                 raise RuntimeError_(409, [f"server {name!r} comes from the config file; change it there"])
             await self._store_call(self.store.remove(name))
-            await self.registry.remove(name)
+            # Only a runtime server: should a reload have given the name to the config file meanwhile, that stays.
+            await self.registry.remove(name, source="runtime")
             self._applied.pop(name, None)
         log.info("runtime server removed", server=name)
 
@@ -128,7 +133,7 @@ class Runtime:
     def _degraded(self, error: str) -> None:
         if self.health.ok:
             log.warning("store unavailable; serving what is known", reason=error)
-            self.health = StoreHealth(ok=False, error=error, since=time.time())
+            self.health = StoreHealth(ok=False, error=error)
             self._wake.set()
         else:
             self.health.error = error
@@ -136,40 +141,61 @@ class Runtime:
     def _healthy(self) -> None:
         if not self.health.ok:
             log.info("store available again")
-        self.health = StoreHealth(ok=True, since=time.time())
+        self.health = StoreHealth()
+
+    def _note_bad_rows(self, bad: dict[str, str]) -> None:
+        """Remember, log (by name only: a row's text may hold anything) and export the unreadable rows."""
+        for name, reason in bad.items():
+            if self.bad_rows.get(name) != reason:
+                log.warning("stored server row cannot be read; skipped", server=name, reason=reason)
+        for name in self.bad_rows.keys() - bad.keys():
+            log.info("stored server row no longer unreadable", server=name)
+        if bad != self.bad_rows:
+            self.registry.metrics.set_bad_rows(bad)
+        self.bad_rows = bad
 
     async def reconcile(self) -> None:
-        """Make this replica's runtime servers match the store: start, stop or restart what differs."""
+        """Make this replica's runtime servers match the store: start, stop or restart what differs.
+        A row that cannot be read is skipped (a server already running under its name keeps running)."""
         async with self._lock:
             try:
-                desired = await self.store.load()
+                loaded = await self.store.load()
             except StoreError as e:
                 self._degraded(str(e))
                 return
             self._healthy()
-            for name in [n for n in self._applied if n not in desired]:
-                if name in self.registry.upstreams:
-                    await self.registry.remove(name)
+            self._note_bad_rows(loaded.bad)
+            desired = loaded.servers
+            for name in [n for n in self._applied if n not in desired and n not in loaded.bad]:
                 del self._applied[name]
-                log.info("runtime server removed by another replica", server=name)
+                if await self.registry.remove(name, source="runtime"):
+                    log.info("runtime server removed by another replica", server=name)
             for name, options in desired.items():
-                if self._applied.get(name) == options:
-                    continue
                 existing = self.registry.upstreams.get(name)
                 if existing is not None and existing.source != "runtime":
                     log.warning("stored server shadowed by the config file", server=name)
+                    continue
+                if existing is not None and self._applied.get(name) == options:
                     continue
                 problems: list[str] = []
                 spec = parse_server(name, options, f"store.{name}", problems)
                 if spec is None:
                     log.warning("stored server is invalid; skipped", server=name, problems=problems)
                     continue
-                if existing is not None:
-                    await self.registry.replace(spec, "runtime", self.egress)
-                else:
-                    self.registry.add(spec, "runtime", self.egress)
+                try:
+                    await self.registry.replace(spec, "runtime", self.egress, replacing="runtime")
+                except NameTaken:  # the config file took the name since the check above
+                    log.warning("stored server shadowed by the config file", server=name)
+                    continue
                 self._applied[name] = options
                 log.info("runtime server applied from the store", server=name)
+
+    async def _reconcile_or_log(self) -> None:
+        """`reconcile`, where a failure is logged and left to the next round instead of ending the gateway."""
+        try:
+            await self.reconcile()
+        except Exception as e:
+            log.error("reconcile failed; the next round tries again", reason=f"{type(e).__name__}: {describe(e)}")
 
     async def run(self) -> None:
         """Load the store, then follow its change announcements and re-read it every `reconcile_interval`."""
@@ -177,7 +203,7 @@ class Runtime:
             await self.store.start()
         except StoreError as e:
             self._degraded(str(e))
-        await self.reconcile()
+        await self._reconcile_or_log()
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._follow_changes)
             while True:
@@ -185,11 +211,11 @@ class Runtime:
                 with anyio.move_on_after(self.settings.reconcile_interval if self.health.ok else 1.0):
                     await self._wake.wait()
                 self._wake = anyio.Event()
-                await self.reconcile()
+                await self._reconcile_or_log()
 
     async def _follow_changes(self) -> None:
         async for reason in self.store.changes():
             if reason.startswith("error: "):
                 self._degraded(reason.removeprefix("error: "))
                 continue
-            await self.reconcile()
+            await self._reconcile_or_log()

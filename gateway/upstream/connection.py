@@ -160,7 +160,7 @@ class Upstream:
             except Exception as e:
                 reason = describe(e)
                 if self.state is not State.UP and self._metrics is not None:
-                    self._metrics.upstream_connects.labels(self.name, "error").inc()
+                    self._metrics.count_connect(self.name, "error")
             healthy_for = time.monotonic() - started if self.state is State.UP else 0.0
             self.session = None
             await self._set_state(State.DOWN, reason)
@@ -199,7 +199,7 @@ class Upstream:
         self.protocol_version = session.protocol_version
         self.tools = tools
         if self._metrics is not None:
-            self._metrics.upstream_connects.labels(self.name, "ok").inc()
+            self._metrics.count_connect(self.name, "ok")
         await self._set_state(State.UP, None)
         self.settled.set()
         async with anyio.create_task_group() as tg:
@@ -351,7 +351,7 @@ class Upstream:
     def retried(self) -> None:
         """Count one retried call attempt."""
         if self._metrics is not None:
-            self._metrics.call_retries.labels(self.name).inc()
+            self._metrics.count_retry(self.name)
 
     def reconnect(self) -> None:
         """Drop the connection and connect again at once (e.g. after the HTTP session expired)."""

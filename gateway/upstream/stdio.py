@@ -212,6 +212,18 @@ class LineSplitter:
             self._parts.append(piece)
 
 
+async def _lines(stream: anyio.abc.ByteReceiveStream, limit: int, server: str, name: str) -> AsyncIterator[bytes]:
+    """The lines of a process's output stream; a line over `limit` bytes is dropped and logged."""
+    splitter = LineSplitter(limit)
+    async for chunk in stream:
+        lines = splitter.feed(chunk)
+        if splitter.dropped:
+            log.warning(f"upstream {name} line too long; dropped", server=server, limit=limit)
+            splitter.dropped = 0
+        for line in lines:
+            yield line
+
+
 def find_command(command: str, path: str | None) -> str:
     """A bare command name found on `path`, else next to the gateway's own interpreter (its venv's `bin`);
     a command with a directory part, or one found nowhere, is returned as given (the start then says so)."""
@@ -264,21 +276,15 @@ async def stdio_transport(
 
     async def read_lines() -> None:
         assert process.stdout is not None
-        splitter = LineSplitter(MAX_LINE)
         garbage_budget = TokenBucket(1.0, 10)
-        async for chunk in process.stdout:
-            lines = splitter.feed(chunk)
-            if splitter.dropped:
-                log.warning("upstream stdout line too long; dropped", server=server, limit=MAX_LINE)
-                splitter.dropped = 0
-            for line in lines:
-                if line.strip():
-                    item = await direct.take(line) if direct is not None else parse_line(line)
-                    if item is None:
-                        continue
-                    if isinstance(item, Exception) and garbage_budget.take() == 0:
-                        log.warning("upstream wrote a line that is not JSON-RPC", server=server)
-                    await read_writer.send(item)
+        async for line in _lines(process.stdout, MAX_LINE, server, "stdout"):
+            if line.strip():
+                item = await direct.take(line) if direct is not None else parse_line(line)
+                if item is None:
+                    continue
+                if isinstance(item, Exception) and garbage_budget.take() == 0:
+                    log.warning("upstream wrote a line that is not JSON-RPC", server=server)
+                await read_writer.send(item)
 
     async def stdin_writer() -> None:
         assert process.stdin is not None
@@ -297,22 +303,16 @@ async def stdio_transport(
         assert process.stderr is not None
         budget = TokenBucket(STDERR_LINES_PER_SECOND, STDERR_BURST)
         dropped = 0
-        splitter = LineSplitter(MAX_STDERR_LINE)
         with suppress(anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
-            async for chunk in process.stderr:
-                lines = splitter.feed(chunk)
-                if splitter.dropped:
-                    log.warning("upstream stderr line too long; dropped", server=server, limit=MAX_STDERR_LINE)
-                    splitter.dropped = 0
-                for line in lines:
-                    if budget.take() > 0:
-                        dropped += 1
-                    else:
-                        if dropped:
-                            log.warning("upstream stderr lines suppressed", server=server, count=dropped)
-                            dropped = 0
-                        text = redact_text(line.decode(errors="replace").rstrip())[:2000]
-                        log.info("upstream stderr", server=server, line=text)
+            async for line in _lines(process.stderr, MAX_STDERR_LINE, server, "stderr"):
+                if budget.take() > 0:
+                    dropped += 1
+                else:
+                    if dropped:
+                        log.warning("upstream stderr lines suppressed", server=server, count=dropped)
+                        dropped = 0
+                    text = redact_text(line.decode(errors="replace").rstrip())[:2000]
+                    log.info("upstream stderr", server=server, line=text)
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(stdout_reader)

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import signal
+import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -16,7 +19,9 @@ from typing import Any
 import anyio
 import httpx2
 import pytest
+import redis
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fixtures.servers import free_port, run_http_fixture, stdio_spec
 from tests.integration.conftest import (
@@ -310,3 +315,167 @@ async def test_reload_restarts_only_changed_servers(tmp_path: Path) -> None:
             gw.proc.send_signal(signal.SIGHUP)
             await wait_until(lambda: "config reload refused" in gw.log(), 10, "refusal logged")
             assert "fx__add" in await client.tool_names(), "an invalid file changes nothing"
+
+
+def scrape_series(gw: Gateway) -> list[tuple[str, dict[str, str]]]:
+    """Every sample of `/metrics` as (name, labels), parsed with prometheus-client's own parser."""
+    text = httpx2.get(f"{gw.base}/metrics", timeout=10).text
+    return [(s.name, dict(s.labels)) for family in text_string_to_metric_families(text) for s in family.samples]
+
+
+ROW_TEXT = "ROW-TEXT-must-not-be-logged-5b7e"
+
+
+def corrupt_rows(kind: str, target: str, good_url: str) -> None:
+    """Write rows behind the store's back: `web` is good; the others are not JSON, not an object, not UTF-8."""
+    rows: dict[str, bytes] = {
+        "web": json.dumps({"url": good_url}).encode(),
+        "broken": b'{"url": "https://' + ROW_TEXT.encode(),
+        "listed": json.dumps([ROW_TEXT]).encode(),
+        "binary": b'{"url": "\xff' + ROW_TEXT.encode() + b'"}',
+    }
+    if kind == "sqlite":
+        connection = sqlite3.connect(target)
+        with connection:
+            connection.execute("CREATE TABLE servers (name TEXT PRIMARY KEY, options TEXT NOT NULL)")
+            connection.executemany("INSERT INTO servers VALUES (?, ?)", list(rows.items()))
+        connection.close()
+    else:
+        client = redis.Redis.from_url(target)
+        for name, raw in rows.items():
+            client.hset("manifold:servers", name, raw)
+        client.close()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "redis"])
+async def test_corrupt_store_rows_are_skipped_and_reported(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    if kind == "sqlite":
+        target = str(tmp_path / "servers.db")
+        store = f"sqlite:///{target}"
+    else:
+        target = store = f"redis://127.0.0.1:{request.getfixturevalue('redis_server').port}/0"
+    with run_http_fixture(name="web") as web:
+        corrupt_rows(kind, target, web.url)
+        with run_gateway(tmp_path, admin_config(store=store), env=ENV) as gw:
+            async with connect(gw.url, "2026-07-28") as client:
+                await client.wait_for(lambda n: "web__echo" in n and "fx__echo" in n)
+                assert (await client.call("web__echo", {"text": "served"})).content[0].text == "served"
+            assert names_on(gw) == ["fx", "web"]
+            ready = httpx2.get(f"{gw.base}/readyz", timeout=10)
+            assert ready.status_code == 200, ready.text
+            assert ready.json()["store"]["bad_rows"] == ["binary", "broken", "listed"]
+            assert ready.json()["store"]["ok"] is True and "degraded" not in ready.json()
+            bad = sorted(labels["server"] for name, labels in scrape_series(gw) if name == "manifold_store_bad_rows")
+            assert bad == ["binary", "broken", "listed"]
+            skipped = [e for e in gw.log_events() if e.get("event") == "stored server row cannot be read; skipped"]
+            assert sorted(e["server"] for e in skipped) == ["binary", "broken", "listed"]
+            assert ROW_TEXT not in gw.log() and ROW_TEXT not in ready.text
+
+            # Removed by hand, the rows are no longer reported after the next reconcile.
+            if kind == "sqlite":
+                connection = sqlite3.connect(target)
+                with connection:
+                    connection.execute("DELETE FROM servers WHERE name != 'web'")
+                connection.close()
+            else:
+                stored = redis.Redis.from_url(target)
+                stored.hdel("manifold:servers", "broken", "listed", "binary")
+                stored.close()
+            assert api(gw, "POST", "/admin/reconcile").status_code == 200
+            assert httpx2.get(f"{gw.base}/readyz", timeout=10).json()["store"]["bad_rows"] == []
+            assert not [s for s in scrape_series(gw) if s[0] == "manifold_store_bad_rows"]
+
+
+async def test_a_removed_runtime_server_leaves_no_metric_series(tmp_path: Path) -> None:
+    with run_http_fixture(name="web") as web, run_gateway(tmp_path, admin_config(), env=ENV) as gw:
+        assert api(gw, "POST", "/admin/servers", json={"name": "web", "url": web.url}).status_code == 201
+        async with connect(gw.url, "2025-11-25") as client:
+            await client.wait_for(lambda n: "web__echo" in n and "fx__echo" in n)
+            await client.call("web__echo", {"text": "counted"})
+            await client.call("web__fail", {"reason": "counted too"})
+            await client.call("fx__echo", {"text": "kept"})
+        names = {name for name, labels in scrape_series(gw) if labels.get("server") == "web"}
+        assert {
+            "manifold_upstream_up",
+            "manifold_upstream_tools",
+            "manifold_upstream_connects_total",
+            "manifold_tools_changes_total",
+            "manifold_tool_calls_total",
+            "manifold_tool_call_duration_seconds_count",
+            "manifold_tool_call_retries_total",
+        } <= names
+
+        assert api(gw, "DELETE", "/admin/servers/web").status_code == 200
+        left = [(name, labels) for name, labels in scrape_series(gw) if labels.get("server") == "web"]
+        assert left == [], left
+        kept = [labels for name, labels in scrape_series(gw) if name == "manifold_tool_calls_total"]
+        assert {"server": "fx", "tool": "fx__echo", "outcome": "ok"} in kept, "other servers' series stay"
+
+        # The same name added again starts from zero.
+        assert api(gw, "POST", "/admin/servers", json={"name": "web", "url": web.url}).status_code == 201
+        await wait_until(lambda: server_state(gw, "web") == "up", what="web up again")
+        assert not [s for s in scrape_series(gw) if s[0] == "manifold_tool_calls_total" and s[1]["server"] == "web"]
+
+
+def post_unending_chunked_body(gw: Gateway, total: int, timeout: float = 15) -> tuple[bytes, int]:
+    """POST /admin/servers with a chunked body of `total` bytes whose final chunk never comes; return what the
+    gateway answered meanwhile (b"" if nothing) and how much had been sent when the answer arrived."""
+    port = int(gw.base.rsplit(":", 1)[1])
+    head = (
+        f"POST /admin/servers HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {TOKEN}\r\n"
+        "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    ).encode()
+    piece = b'{"name": "big", "pad": "' + b"x" * 65000
+    pending, sent, answer = head, 0, b""
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.setblocking(False)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and b"\r\n\r\n" not in answer:
+            if not pending and sent < total:
+                pending, sent = b"%x\r\n%s\r\n" % (len(piece), piece), sent + len(piece)
+            readable, writable, _ = select.select([sock], [sock] if pending else [], [], 0.2)
+            if readable:
+                data = sock.recv(65536)
+                if not data:
+                    break
+                answer += data
+            elif writable:
+                pending = pending[sock.send(pending) :]
+    return answer, sent
+
+
+async def test_an_oversized_admin_body_is_refused_while_it_arrives(tmp_path: Path) -> None:
+    with run_gateway(tmp_path, admin_config(), env=ENV) as gw:
+        answer, _ = post_unending_chunked_body(gw, total=8 * 1024 * 1024)
+        assert answer.startswith(b"HTTP/1.1 413"), f"answered before the body ended: {answer[:200]!r}"
+
+        declared = httpx2.post(
+            f"{gw.base}/admin/servers",
+            headers={**AUTH, "content-type": "application/json"},
+            content=b"{" + b" " * (65 * 1024) + b"}",
+            timeout=30,
+        )
+        assert declared.status_code == 413 and "over 65536 bytes" in declared.json()["error"]
+
+        def several_megabytes() -> Iterator[bytes]:
+            yield b'{"name": "big", "pad": "'
+            for _ in range(64):
+                yield b"y" * 65536
+            yield b'"}'
+
+        chunked = httpx2.post(
+            f"{gw.base}/admin/servers",
+            headers={**AUTH, "content-type": "application/json"},
+            content=several_megabytes(),
+            timeout=30,
+        )
+        assert chunked.status_code == 413
+
+        assert httpx2.get(f"{gw.base}/healthz", timeout=10).status_code == 200
+        assert names_on(gw) == ["fx"]
+        async with connect(gw.url, "2026-07-28") as client:
+            await client.wait_for(lambda n: "fx__echo" in n)
+        small = api(gw, "POST", "/admin/servers", json={"name": "nope", "command": "sh"})
+        assert small.status_code == 422, "a normal-sized body is still read and judged"

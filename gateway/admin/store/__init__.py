@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import json
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 Options = dict[str, Any]
@@ -10,6 +12,38 @@ Options = dict[str, Any]
 
 class StoreError(Exception):
     """The store cannot be reached or used; the message says why (without secrets)."""
+
+
+@dataclass
+class Loaded:
+    """What a store holds: the servers that read back, and the names of rows that did not (with why)."""
+
+    servers: dict[str, Options] = field(default_factory=dict)
+    bad: dict[str, str] = field(default_factory=dict)
+
+
+def decode_rows(rows: Iterable[tuple[object, object]]) -> Loaded:
+    """Read `(name, options JSON)` rows: a row that is not UTF-8, not JSON, or not a JSON object is set
+    aside under its name with a reason that never quotes the row."""
+    loaded = Loaded()
+    for raw_name, raw_options in rows:
+        name = raw_name.decode(errors="replace") if isinstance(raw_name, bytes) else str(raw_name)
+        try:
+            text = raw_options.decode() if isinstance(raw_options, bytes) else raw_options
+            if not isinstance(text, str):
+                raise TypeError
+            options = json.loads(text)
+        except UnicodeDecodeError:
+            loaded.bad[name] = "not UTF-8"
+            continue
+        except (TypeError, ValueError, RecursionError):  # json.JSONDecodeError is a ValueError
+            loaded.bad[name] = "not valid JSON"
+            continue
+        if not isinstance(options, dict):
+            loaded.bad[name] = "not a JSON object"
+            continue
+        loaded.servers[name] = options
+    return Loaded(dict(sorted(loaded.servers.items())), dict(sorted(loaded.bad.items())))
 
 
 class Store(Protocol):
@@ -23,8 +57,8 @@ class Store(Protocol):
     async def close(self) -> None:
         """Release connections."""
 
-    async def load(self) -> dict[str, Options]:
-        """Every stored server: name -> options."""
+    async def load(self) -> Loaded:
+        """Every stored server (name -> options), and the rows that cannot be read back."""
 
     async def add(self, name: str, options: Options) -> bool:
         """Store a new server; False when the name is taken."""

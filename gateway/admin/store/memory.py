@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 import anyio
 
-from gateway.admin.store import Options
+from gateway.admin.store import Loaded, Options
 
 
 class MemoryStore:
@@ -23,8 +23,8 @@ class MemoryStore:
     async def close(self) -> None:
         return None
 
-    async def load(self) -> dict[str, Options]:
-        return dict(self._servers)
+    async def load(self) -> Loaded:
+        return Loaded(dict(sorted(self._servers.items())))
 
     async def add(self, name: str, options: Options) -> bool:
         if name in self._servers:

@@ -11,7 +11,7 @@ import anyio
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from gateway.admin.store import Options, StoreError
+from gateway.admin.store import Loaded, Options, StoreError, decode_rows
 
 KEY = "manifold:servers"
 CHANNEL = "manifold:servers:changed"
@@ -29,8 +29,13 @@ class RedisStore:
 
     def __init__(self, url: str) -> None:
         self._where = _where(url)  # never the password
+        # Replies stay bytes: a stored value that is not UTF-8 must spoil only its own row (see `load`).
         self._client: Any = aioredis.Redis.from_url(
-            url, socket_connect_timeout=2, socket_timeout=5, health_check_interval=10, decode_responses=True
+            url,
+            socket_connect_timeout=2,
+            socket_timeout=5,
+            health_check_interval=10,
+            decode_responses=False,
         )
 
     def _error(self, e: Exception) -> StoreError:
@@ -45,12 +50,12 @@ class RedisStore:
     async def close(self) -> None:
         await self._client.aclose()
 
-    async def load(self) -> dict[str, Options]:
+    async def load(self) -> Loaded:
         try:
             raw = await self._client.hgetall(KEY)
         except (RedisError, OSError) as e:
             raise self._error(e) from None
-        return {name: json.loads(text) for name, text in sorted(raw.items())}
+        return decode_rows(raw.items())
 
     async def add(self, name: str, options: Options) -> bool:
         try:
@@ -80,7 +85,8 @@ class RedisStore:
                     yield "subscribed"
                     async for message in pubsub.listen():
                         if message.get("type") == "message":
-                            yield str(message.get("data"))
+                            data = message.get("data")
+                            yield data.decode(errors="replace") if isinstance(data, bytes) else str(data)
             except (RedisError, OSError) as e:
                 yield f"error: {self._error(e)}"
                 await anyio.sleep(1)

@@ -11,7 +11,7 @@ from typing import TypeVar
 import anyio
 import anyio.to_thread
 
-from gateway.admin.store import Options, StoreError
+from gateway.admin.store import Loaded, Options, StoreError, decode_rows
 
 T = TypeVar("T")
 
@@ -52,9 +52,12 @@ class SqliteStore:
     async def close(self) -> None:
         return None
 
-    async def load(self) -> dict[str, Options]:
-        rows = await self._run(lambda c: c.execute("SELECT name, options FROM servers ORDER BY name").fetchall())
-        return {name: json.loads(options) for name, options in rows}
+    async def load(self) -> Loaded:
+        def rows(c: sqlite3.Connection) -> list[tuple[object, object]]:
+            c.text_factory = bytes  # decoded row by row, so one row that is not UTF-8 spoils only itself
+            return c.execute("SELECT name, options FROM servers ORDER BY name").fetchall()
+
+        return decode_rows(await self._run(rows))
 
     async def add(self, name: str, options: Options) -> bool:
         text = json.dumps(options, sort_keys=True)

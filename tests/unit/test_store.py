@@ -1,0 +1,186 @@
+"""Stores against real SQLite files and a real redis-server on loopback: a row that cannot be read back is set
+aside by name, and the runtime keeps applying the others."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+import redis
+from structlog.testing import capture_logs
+
+from gateway.admin.servers import Runtime
+from gateway.admin.store import Store
+from gateway.admin.store.redis import KEY, RedisStore
+from gateway.admin.store.sqlite import SqliteStore
+from gateway.registry import Registry
+from gateway.settings import Settings
+from tests.fixtures.servers import free_port, stdio_spec
+
+pytestmark = pytest.mark.anyio
+NO_EGRESS = Settings.model_validate({"runtime": {"egress": {"enabled": False}}})  # stdio runtime servers allowed
+
+ROW_TEXT = "ROW-TEXT-never-logged-7c41"
+GOOD = {"url": "http://127.0.0.1:9/mcp"}
+# name -> stored bytes, and the reason each is set aside
+BAD = {
+    "cut": (b'{"url": "http://' + ROW_TEXT.encode(), "not valid JSON"),
+    "listed": (json.dumps([ROW_TEXT]).encode(), "not a JSON object"),
+    "binary": (b'{"url": "\xff\xfe' + ROW_TEXT.encode() + b'"}', "not UTF-8"),
+    "deep": (b"[" * 100_000 + b"]" * 100_000, "not valid JSON"),
+}
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def sqlite_with_rows(path: Path) -> SqliteStore:
+    """A store file holding one good row and every kind of bad one, written behind the store's back."""
+    connection = sqlite3.connect(path)
+    with connection:
+        connection.execute("CREATE TABLE servers (name TEXT PRIMARY KEY, options TEXT NOT NULL)")
+        connection.execute("INSERT INTO servers VALUES (?, ?)", ("good", json.dumps(GOOD)))
+        for name, (raw, _) in BAD.items():
+            connection.execute("INSERT INTO servers VALUES (?, ?)", (name, raw))  # stored as BLOBs
+        connection.execute("INSERT INTO servers VALUES (?, ?)", ("text", '{"url": ' + ROW_TEXT))  # as TEXT
+    connection.close()
+    return SqliteStore(str(path))
+
+
+@pytest.fixture
+def redis_port(tmp_path: Path) -> Iterator[int]:
+    server = shutil.which("redis-server")
+    if server is None:
+        pytest.skip("redis-server is not installed")
+    port = free_port()
+    proc = subprocess.Popen(
+        [server, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp_path), "--save", ""],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    client = redis.Redis(port=port)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            assert time.monotonic() < deadline, "redis-server did not start"
+            time.sleep(0.05)
+    yield port
+    client.close()
+    proc.terminate()
+    proc.wait(10)
+
+
+def redis_with_rows(port: int) -> RedisStore:
+    client = redis.Redis(port=port)
+    client.hset(KEY, "good", json.dumps(GOOD))
+    for name, (raw, _) in BAD.items():
+        client.hset(KEY, name, raw)
+    client.hset(KEY, "text", '{"url": ' + ROW_TEXT)
+    client.close()
+    return RedisStore(f"redis://127.0.0.1:{port}/0")
+
+
+EXPECTED_BAD = {**{name: reason for name, (_, reason) in BAD.items()}, "text": "not valid JSON"}
+
+
+async def test_sqlite_sets_bad_rows_aside(tmp_path: Path) -> None:
+    store = sqlite_with_rows(tmp_path / "servers.db")
+    await store.start()
+    loaded = await store.load()
+    assert loaded.servers == {"good": GOOD}
+    assert loaded.bad == EXPECTED_BAD
+
+
+async def test_redis_sets_bad_rows_aside(redis_port: int) -> None:
+    store = redis_with_rows(redis_port)
+    await store.start()
+    try:
+        loaded = await store.load()
+        assert loaded.servers == {"good": GOOD}
+        assert loaded.bad == EXPECTED_BAD
+        assert await store.add("other", {"url": "http://127.0.0.1:9/x"})
+        assert not await store.add("other", {"url": "http://127.0.0.1:9/y"})
+        assert (await store.load()).servers == {"good": GOOD, "other": {"url": "http://127.0.0.1:9/x"}}
+        assert await store.remove("other")
+    finally:
+        await store.close()
+
+
+async def test_redis_announces_changes_as_text(redis_port: int) -> None:
+    store = RedisStore(f"redis://127.0.0.1:{redis_port}/0")
+    seen: list[str] = []
+    with anyio.fail_after(10):
+        async for reason in store.changes():
+            seen.append(reason)
+            if reason == "subscribed":
+                await store.add("web", GOOD)
+            else:
+                break
+    await store.close()
+    assert seen == ["subscribed", "add web"]
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "redis"])
+async def test_runtime_skips_bad_rows_and_applies_the_rest(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    store: Store
+    if kind == "sqlite":
+        store = sqlite_with_rows(tmp_path / "servers.db")
+    else:
+        store = redis_with_rows(request.getfixturevalue("redis_port"))
+    registry = Registry([])
+    runtime = Runtime(registry, store, NO_EGRESS)
+    with capture_logs() as logs, anyio.fail_after(30):
+        async with registry.running(), anyio.create_task_group() as tg:
+            tg.start_soon(runtime.run)
+            while "good" not in registry.upstreams:
+                await anyio.sleep(0.02)
+            await runtime.reconcile()  # a second round logs nothing new
+            assert runtime.bad_rows == EXPECTED_BAD
+            assert runtime.health.ok
+            exported = registry.metrics.render()[0].decode()
+            for name in EXPECTED_BAD:
+                assert f'manifold_store_bad_rows{{server="{name}"}} 1.0' in exported
+
+            await store.remove("cut")  # repaired by hand: no longer reported
+            await runtime.reconcile()
+            assert "cut" not in runtime.bad_rows
+            assert 'server="cut"' not in registry.metrics.render()[0].decode()
+            tg.cancel_scope.cancel()
+        await store.close()
+    skipped = [e for e in logs if e["event"] == "stored server row cannot be read; skipped"]
+    assert sorted((e["server"], e["reason"]) for e in skipped) == sorted(EXPECTED_BAD.items())
+    assert ROW_TEXT not in repr(logs)
+
+
+async def test_a_running_server_whose_row_turns_bad_keeps_running(tmp_path: Path) -> None:
+    store = SqliteStore(str(tmp_path / "servers.db"))
+    await store.start()
+    registry = Registry([])
+    runtime = Runtime(registry, store, NO_EGRESS)
+    async with registry.running():
+        await store.add("fx", stdio_spec())
+        await runtime.reconcile()
+        assert "fx" in registry.upstreams
+        connection = sqlite3.connect(tmp_path / "servers.db")
+        with connection:
+            connection.execute("UPDATE servers SET options = ? WHERE name = 'fx'", ("{oops",))
+        connection.close()
+        await runtime.reconcile()
+        assert "fx" in registry.upstreams and runtime.bad_rows == {"fx": "not valid JSON"}
+        await store.remove("fx")
+        await runtime.reconcile()
+        assert "fx" not in registry.upstreams and runtime.bad_rows == {}
