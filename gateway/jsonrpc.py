@@ -52,7 +52,7 @@ def _has_huge_float(value: Any) -> bool:
             stack.extend(item.values())
         elif isinstance(item, list):
             stack.extend(item)
-        elif isinstance(item, float) and not -(2.0**63) <= item < 2.0**63:
+        elif isinstance(item, float) and not -(2.0**63) < item < 2.0**63:
             return True
     return False
 
