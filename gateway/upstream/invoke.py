@@ -153,6 +153,8 @@ class Invoker:
                 failure = channel_error(e)
                 if failure is None:
                     raise self.classify_code(e) from None
+                if isinstance(failure, AnswerLost):
+                    up.lost()  # one interrupted answer closes the SDK's whole session: start afresh
                 raise self.classify(failure) from None
             except ChannelError as e:
                 raise self.classify(e) from None
@@ -223,7 +225,8 @@ class Invoker:
             up.lost()
             return unavailable(up.name, "the connection closed before the request was sent", repeatable=True)
         if isinstance(failure, AnswerLost):
-            up.lost()
+            # Only this exchange broke: a pooled HTTP connection, or stdio pipes whose end the
+            # transport itself reports. The server's other calls and its session go on.
             return answer_lost(up.name)
         if isinstance(failure, SessionExpired):
             up.reconnect()

@@ -119,7 +119,7 @@ async def _ignore(_: Upstream) -> None:
             MODERN,
             True,
             False,
-            ["lost"],
+            [],
             "the connection closed before the answer; the call may have run",
         ),
         (SessionExpired("x"), LEGACY, True, True, ["reconnect"], "ended the session"),
