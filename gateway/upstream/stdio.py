@@ -160,7 +160,7 @@ async def _group_gone(pgid: int, timeout: float) -> bool:
 async def stop_process_group(process: anyio.abc.Process, pgid: int) -> None:
     """Close stdin, give the server a moment, then SIGTERM and finally SIGKILL its whole group."""
     if process.stdin is not None:
-        with suppress(Exception):
+        with suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
             await process.stdin.aclose()
     with anyio.move_on_after(STDIN_CLOSE_GRACE):
         await process.wait()

@@ -13,6 +13,7 @@ import pytest
 from mcp import MCPError
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.mcphttp import LEGACY, Connection, Endpoint, close_session, open_session
 from tests.fixtures.servers import free_port, run_http_fixture, stdio_spec
 from tests.integration.conftest import Gateway, connect, run_gateway, upstream_pids, wait_until
 
@@ -183,3 +184,11 @@ def test_metrics_on_a_separate_port(tmp_path: Path) -> None:
         m = scrape(f"http://127.0.0.1:{port}/metrics")
         assert ("manifold_upstream_up", (("server", "fx"),)) in m
         assert httpx2.get(f"{gw.base}/metrics").status_code == 200
+        # The sessions gauge is read at scrape time on this port too, not only when /mcp's /metrics is scraped.
+        conns = [Connection(Endpoint.parse(gw.url)) for _ in range(2)]
+        sessions = [open_session(conn, LEGACY) for conn in conns]
+        assert value(scrape(f"http://127.0.0.1:{port}/metrics"), "manifold_downstream_sessions") == 2
+        for conn, session in zip(conns, sessions, strict=True):
+            close_session(conn, session)
+            conn.close()
+        assert value(scrape(f"http://127.0.0.1:{port}/metrics"), "manifold_downstream_sessions") == 0
