@@ -111,7 +111,10 @@ def decode_message(body: bytes, max_depth: int) -> tuple[Any, tuple[int, str] | 
     """
     too_deep = (-32600, f"JSON nested deeper than {max_depth} levels")
     try:
-        with _collector_paused(len(body) >= OFF_LOOP_BODY):
+        if len(body) >= OFF_LOOP_BODY:
+            with _collector_paused():
+                message = decode(body)
+        else:
             message = decode(body)
     except (ValueError, RecursionError):
         if nesting_depth_exceeds(body[:SCAN_LIMIT], max_depth):
@@ -124,10 +127,10 @@ def decode_message(body: bytes, max_depth: int) -> tuple[Any, tuple[int, str] | 
 
 
 @contextmanager
-def _collector_paused(pause: bool) -> Iterator[None]:
+def _collector_paused() -> Iterator[None]:
     """Pause the cyclic garbage collector while a large body becomes objects: its passes over the growing
     heap would otherwise cost more than the parse itself."""
-    if not pause or not gc.isenabled():
+    if not gc.isenabled():
         yield
         return
     gc.disable()

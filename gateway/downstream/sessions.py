@@ -9,7 +9,7 @@ has closed are pruned whenever the sessions are counted or told of a change, and
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,8 +88,6 @@ class Sessions:
             return None
         return serving_transport(self._manager, session_id)
 
-    @contextmanager
-    def holding(self, transport: StreamableHTTPServerTransport) -> Iterator[None]:
+    def holding(self, transport: StreamableHTTPServerTransport) -> AbstractContextManager[None]:
         """Keep the session from idling out while a request is served beside the SDK."""
-        with holding(transport):
-            yield
+        return holding(transport)

@@ -13,7 +13,9 @@ only in plumbing.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
 import anyio
@@ -182,40 +184,35 @@ class Shortcut:
         result: Json | None = None
         failure: MCPError | None = None
         broken = False  # the gateway failed, not the call: HTTP 500 for a 2026 caller
-        disconnected = False
-        with self.frontend.tracking_call(), anyio.CancelScope() as call_scope:
-            if key is not None:
-                self._legacy_calls[key] = call_scope
-            try:
-                async with anyio.create_task_group() as tg:
-
-                    async def watch_disconnect() -> None:
-                        nonlocal disconnected
-                        await _disconnected(receive)
-                        disconnected = True
-                        call_scope.cancel()  # the caller went away: the call is cancelled upstream
-
-                    tg.start_soon(watch_disconnect)
-                    try:
-                        entry = admit(self.registry, view, name, request_id, draining=self.frontend.draining)
-                        result = await forward_call(
-                            self.registry,
-                            entry,
-                            arguments,
-                            forwardable_meta(meta),
-                            request_id=request_id,
-                            version=version,
-                            headers=headers,
-                        )
-                    except MCPError as e:
-                        failure = e
-                    except Exception as e:
-                        log.error("shortcut call failed", request_id=request_id, reason=repr(e)[:300])
-                        failure, broken = MCPError(INTERNAL_ERROR, "Internal error"), True
-                    tg.cancel_scope.cancel()
-            finally:
-                if key is not None and self._legacy_calls.get(key) is call_scope:
-                    del self._legacy_calls[key]
+        # The caller going away cancels the call; the watcher is this handler's own and ends with it.
+        watcher = asyncio.get_running_loop().create_task(_disconnected(receive))
+        try:
+            with self.frontend.tracking_call(), anyio.CancelScope() as call_scope:
+                watcher.add_done_callback(partial(_cancel_unless_cancelled, call_scope))
+                if key is not None:
+                    self._legacy_calls[key] = call_scope
+                try:
+                    entry = admit(self.registry, view, name, request_id, draining=self.frontend.draining)
+                    result = await forward_call(
+                        self.registry,
+                        entry,
+                        arguments,
+                        forwardable_meta(meta),
+                        request_id=request_id,
+                        version=version,
+                        headers=headers,
+                    )
+                except MCPError as e:
+                    failure = e
+                except Exception as e:
+                    log.error("shortcut call failed", request_id=request_id, reason=repr(e)[:300])
+                    failure, broken = MCPError(INTERNAL_ERROR, "Internal error"), True
+                finally:
+                    if key is not None and self._legacy_calls.get(key) is call_scope:
+                        del self._legacy_calls[key]
+        finally:
+            disconnected = watcher.done() and not watcher.cancelled()
+            watcher.cancel()  # it ends at the loop's next turn, before anything else of this request
         if failure is not None:
             status = 200 if not modern else 500 if broken else ERROR_CODE_HTTP_STATUS.get(failure.code, 200)
             body: Json = {"code": failure.code, "message": failure.error.message}
@@ -241,6 +238,11 @@ class Shortcut:
         await send({"type": "http.response.start", "status": 202, "headers": _headers(0, session_id)})
         await send({"type": "http.response.body", "body": b""})
         return True
+
+
+def _cancel_unless_cancelled(scope: anyio.CancelScope, watcher: asyncio.Task[None]) -> None:
+    if not watcher.cancelled():
+        scope.cancel()
 
 
 def _headers(length: int, session_id: str | None) -> list[tuple[bytes, bytes]]:
