@@ -14,6 +14,7 @@ import hmac
 import json
 import time
 from collections.abc import Mapping
+from functools import cache
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -104,8 +105,15 @@ def shape_result(raw: Json, entry: Entry, version: str) -> Json:
             f"server '{entry.server}' answered {entry.public} with a {kind!r} result, which a {version} client "
             "cannot take",
         )
-    foreign = later_revision_fields("tools/call", version) | {"resultType"}
-    return {**{k: v for k, v in raw.items() if k not in foreign}, "_meta": kept}
+    foreign = _unknown_to(version)
+    kept_fields = raw if foreign.isdisjoint(raw) else {k: v for k, v in raw.items() if k not in foreign}
+    return {**kept_fields, "_meta": kept}
+
+
+@cache
+def _unknown_to(version: str) -> frozenset[str]:
+    """The `tools/call` result fields a caller of an earlier `version` does not know (`resultType` always)."""
+    return later_revision_fields("tools/call", version) | {"resultType"}
 
 
 class ProgressRelay:
