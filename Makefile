@@ -35,7 +35,8 @@ lint: setup
 unit: setup
 	$(BIN)/pytest tests/unit -q
 
-SDK_PATH_TESTS = tests/integration/test_gateway.py tests/integration/test_resilience.py tests/integration/test_security.py
+SDK_PATH_TESTS = tests/integration/test_gateway.py tests/integration/test_resilience.py tests/integration/test_security.py \
+  tests/integration/test_conformance.py
 
 test: setup system-deps tests/thirdparty/node_modules/.installed lint  ## set up and run every check and test
 	$(BIN)/pytest -q

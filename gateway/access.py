@@ -77,6 +77,10 @@ class View:
             return False
         return _matches(entry.server, self.servers) and _matches(entry.public, self.tools)
 
+    def sees(self, server: str) -> bool:
+        """Whether this caller may see the server at all (its prompts and resources follow `servers` only)."""
+        return _matches(server, self.servers)
+
     def confirms(self, entry: Entry) -> bool:
         """Whether a call of this tool needs the human's confirmation first."""
         return self.gated == "confirm" and entry.labels.gated

@@ -27,9 +27,10 @@ from gateway import __version__
 from gateway.access import View
 from gateway.backoff import Backoff
 from gateway.catalog import Entry
-from gateway.internals.sdk import later_revision_fields
+from gateway.internals.sdk import CALLER_CAPABILITIES, later_revision_fields
 from gateway.labels import META_PREFIX
 from gateway.logs import get_logger
+from gateway.upstream.asks import Caller, Mute, declared
 from gateway.upstream.connection import FORWARDED, Upstream
 from gateway.upstream.errors import CallFailed, describe
 
@@ -40,6 +41,8 @@ Json = dict[str, Any]
 RESERVED_META = "io.modelcontextprotocol/"
 SERVER_INFO_KEY = "io.modelcontextprotocol/serverInfo"
 SERVER_INFO = {"name": "manifold", "version": __version__}
+LOG_LEVEL_KEY = "io.modelcontextprotocol/logLevel"
+MAX_INPUT_ROUNDS = 16
 log = get_logger("calls")
 
 
@@ -66,14 +69,32 @@ def admit(registry: Registry, view: View, name: str, request_id: Any, *, drainin
 
 
 def forwardable_meta(meta: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The caller's `_meta` minus its protocol envelope and progress token (the upstream gets its own)."""
+    """The caller's `_meta` minus its protocol envelope and progress token (the upstream gets its own); a 2026
+    request's log level opt-in is passed on."""
     if not meta:
         return {}
     return {
         k: v
         for k, v in meta.items()
-        if k not in ("progress_token", "progressToken") and not k.startswith(RESERVED_META)
+        if k not in ("progress_token", "progressToken") and (not k.startswith(RESERVED_META) or k == LOG_LEVEL_KEY)
     }
+
+
+def talks(caller: Caller | None) -> bool:
+    """Whether the server's log lines or requests have somewhere to go: then the call takes the SDK's session,
+    which hears them, not the lean channel."""
+    if caller is None:
+        return False
+    asks = any(k in caller.capabilities for k in ("sampling", "elicitation", "roots"))
+    return asks or getattr(caller, "level", None) is not None or getattr(caller, "wants_logs", False)
+
+
+def with_log_level(meta: Mapping[str, Any], caller: Caller | None, upstream: Upstream) -> Mapping[str, Any]:
+    """A 2025-era caller's session log level, as the per-request opt-in a 2026-era server reads."""
+    level = getattr(caller, "level", None)
+    if level is None or upstream.protocol_version not in MODERN_PROTOCOL_VERSIONS or LOG_LEVEL_KEY in meta:
+        return meta
+    return {**meta, LOG_LEVEL_KEY: level}
 
 
 def error_result(entry: Entry, reason: str, version: str) -> Json:
@@ -150,6 +171,9 @@ async def call_with_retries(
     arguments: Mapping[str, Any] | None,
     meta: Mapping[str, Any],
     relay: ProgressRelay | None,
+    extra: Mapping[str, Any] | None = None,
+    *,
+    lean: bool = True,
 ) -> Json:
     """Call once; on a transient failure retry read-only/idempotent tools with capped backoff."""
     policy = upstream.spec.retry
@@ -157,7 +181,7 @@ async def call_with_retries(
     attempt = 1
     while True:
         try:
-            return await upstream.call(entry.original, arguments, meta, relay)
+            return await upstream.call(entry.original, arguments, meta, relay, extra, lean=lean)
         except CallFailed as failure:
             may_retry = failure.repeatable or (failure.transient and entry.labels.retryable)
             if not may_retry or attempt >= policy.attempts:
@@ -229,10 +253,12 @@ async def call_tool(
     *,
     draining: bool,
     confirm_key: bytes,
+    caller: Caller | None = None,
 ) -> Json:
     """Serve one downstream `tools/call` that came through the SDK's server."""
     entry = admit(registry, view, params.name, ctx.request_id, draining=draining)
-    if view.confirms(entry) and (refusal := await confirm(ctx, entry, params, confirm_key)) is not None:
+    confirming = view.confirms(entry)
+    if confirming and (refusal := await confirm(ctx, entry, params, confirm_key)) is not None:
         outcome = "pending" if refusal.get("resultType") == "input_required" else "denied"
         if outcome == "denied":
             registry.metrics.record_call(entry.server, entry.public, outcome)
@@ -248,6 +274,44 @@ async def call_tool(
         version=ctx.protocol_version,
         relay=ProgressRelay(ctx) if wants_progress else None,
         headers=ctx.request.headers if ctx.request is not None else None,
+        caller=caller,
+        # The answers to a confirmation are the gateway's own; any other round's are the server's.
+        extra=None
+        if confirming
+        else params.model_dump(
+            by_alias=True, mode="json", exclude_none=True, include={"input_responses", "request_state"}
+        ),
+    )
+
+
+async def answer_rounds(
+    upstream: Upstream,
+    entry: Entry,
+    arguments: Mapping[str, Any] | None,
+    meta: Mapping[str, Any],
+    relay: ProgressRelay | None,
+    caller: Caller,
+    raw: Json,
+) -> Json:
+    """A 2026 server's `input_required` answer for a 2025-era caller: ask the caller each request on its
+    stream, then call again with the answers and the server's state, until the server completes."""
+    for _ in range(MAX_INPUT_ROUNDS):
+        if raw.get("resultType") != "input_required":
+            return raw
+        requests = raw.get("inputRequests")
+        answers: Json = {}
+        for key, request in (requests if isinstance(requests, dict) else {}).items():
+            method = request.get("method") if isinstance(request, dict) else None
+            params = request.get("params") if isinstance(request, dict) else None
+            answers[key] = await upstream.callers.ask_of(
+                caller, str(method), params if isinstance(params, dict) else {}
+            )
+        extra: Json = {"inputResponses": answers}
+        if "requestState" in raw:
+            extra["requestState"] = raw["requestState"]
+        raw = await upstream.call(entry.original, arguments, meta, relay, extra, lean=False)
+    raise MCPError(
+        types.INTERNAL_ERROR, f"server '{entry.server}' asked for input more than {MAX_INPUT_ROUNDS} times in a row"
     )
 
 
@@ -261,21 +325,35 @@ async def forward_call(
     version: str,
     relay: ProgressRelay | None = None,
     headers: Mapping[str, str] | None = None,
+    caller: Caller | None = None,
+    extra: Mapping[str, Any] | None = None,
 ) -> Json:
     """Forward one allowed call to its server; count it, time it and log one line for it.
 
     Returns the labelled result (failures that never reached a result become `isError` results);
     raises `MCPError` for an error the server answered with. `headers` are the caller's HTTP
-    headers (lower-case names), the source of the server's `forward_headers`.
+    headers (lower-case names), the source of the server's `forward_headers`. `caller` is who the
+    server's requests of the user go to; `extra` carries a 2026 retry's `inputResponses`/`requestState`.
     """
     upstream = registry.upstreams[entry.server]
     if upstream.spec.forward_headers and headers is not None:
         wanted = ((h, h.lower()) for h in upstream.spec.forward_headers)
         FORWARDED.set({h: headers[low] for h, low in wanted if low in headers})
+    # No caller (the shortcut's plain calls): nothing can be relayed, so no capability to ask through is declared,
+    # and the call is still counted as some other session's, so no other caller is asked in its place.
+    CALLER_CAPABILITIES.set(declared(upstream.spec, caller.capabilities) if caller is not None else {})
+    if caller is not None:
+        meta = with_log_level(meta, caller, upstream)
+    in_flight = caller if caller is not None else Mute()
     started = time.perf_counter()
     outcome = "cancelled"
     try:
-        raw = await call_with_retries(upstream, entry, arguments, meta, relay)
+        with upstream.callers.serving(in_flight):
+            raw = await call_with_retries(upstream, entry, arguments, meta, relay, extra, lean=not talks(caller))
+            if caller is not None and version not in MODERN_PROTOCOL_VERSIONS:
+                raw = await answer_rounds(upstream, entry, arguments, meta, relay, caller, raw)
+            if caller is not None:
+                await upstream.callers.settle()
         outcome = "tool_error" if raw.get("isError") else "ok"
     except CallFailed as failure:
         outcome = failure.outcome

@@ -1,27 +1,43 @@
-"""The merged catalog: every upstream's tools under public names, with labels, in a stable order."""
+"""The merged catalog: every upstream's tools and prompts under public names, its resources and templates under
+their own URIs, with labels, in a stable order.
+
+Tool and prompt names follow the same rules (prefix, sanitising, 64 characters, collisions told apart by a
+hash). Resource URIs are never rewritten: a URI is routed to the first server, in config order, that lists
+it, then to the first whose templates match it; a URI or template offered by several servers is logged
+once as a clash (`clashes`).
+"""
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.labels import META_PREFIX, Labels, labels_for
 from gateway.naming import public_name, with_hash
+from gateway.uritemplate import UriTemplate, overlaps
 
 Json = dict[str, Any]
 
 
 @dataclass(frozen=True)
 class ToolSet:
-    """One server's tools after its filters, as wire dicts, with the options that shape them."""
+    """One server's offer after its filters, as wire dicts, with the options that shape it.
+
+    `rank` is the server's place in the config (servers added at runtime come after): it decides
+    which server a URI offered by several goes to.
+    """
 
     server: str
     prefix: str
     trusted: bool
     gated: bool | None
     tools: tuple[Json, ...]
+    prompts: tuple[Json, ...] = ()
+    resources: tuple[Json, ...] = ()
+    templates: tuple[Json, ...] = ()
+    rank: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,25 +65,51 @@ class Collision:
     origins: tuple[tuple[str, str], ...]
 
 
-def publish(tool: Json, public: str, server: str, labels: Labels) -> Json:
-    """The tool as served downstream: renamed, with `manifold/*` keys added to its `_meta`."""
+@dataclass(frozen=True, slots=True)
+class Located:
+    """A resource or resource template of one server, as served downstream (URI unchanged, labelled)."""
+
+    server: str
+    rank: int
+    item: Json
+    template: UriTemplate | None = None
+
+
+def publish(tool: Json, public: str, server: str, labels: Labels, kind: str = "tools") -> Json:
+    """The tool (or prompt) as served downstream: renamed, with `manifold/*` keys added to its `_meta`."""
     meta = tool.get("_meta")
     published = {**tool, "name": public}
-    published["_meta"] = {
+    labelled = {
         **(meta if isinstance(meta, dict) else {}),
         f"{META_PREFIX}server": server,
-        f"{META_PREFIX}tool": tool["name"],
+        f"{META_PREFIX}{kind[:-1]}": tool["name"],
         f"{META_PREFIX}trust": labels.trust,
-        f"{META_PREFIX}gated": labels.gated,
     }
+    if kind == "tools":
+        labelled[f"{META_PREFIX}gated"] = labels.gated
+    published["_meta"] = labelled
     return published
 
 
-def merge(toolsets: Iterable[ToolSet]) -> tuple[dict[str, Entry], list[Collision]]:
-    """Merge tool sets into entries keyed by public name (sorted), reporting collisions."""
+def label(item: Json, server: str, trusted: bool) -> Json:
+    """A resource or template with the `manifold/*` server and trust keys in its `_meta`."""
+    meta = item.get("_meta")
+    return {
+        **item,
+        "_meta": {
+            **(meta if isinstance(meta, dict) else {}),
+            f"{META_PREFIX}server": server,
+            f"{META_PREFIX}trust": "trusted" if trusted else "outside",
+        },
+    }
+
+
+def merge(toolsets: Iterable[ToolSet], kind: str = "tools") -> tuple[dict[str, Entry], list[Collision]]:
+    """Merge the tools (or, with `kind="prompts"`, the prompts) of several servers into entries keyed by public
+    name (sorted), reporting collisions."""
     claims: dict[str, list[tuple[ToolSet, Json]]] = defaultdict(list)
     for ts in toolsets:
-        for tool in ts.tools:
+        for tool in getattr(ts, kind):
             claims[public_name(ts.prefix, ts.server, tool["name"])].append((ts, tool))
     named: list[tuple[str, ToolSet, Json]] = []
     collisions: list[Collision] = []
@@ -88,8 +130,11 @@ def merge(toolsets: Iterable[ToolSet]) -> tuple[dict[str, Entry], list[Collision
         if final != name:
             first = entries[name]
             collisions.append(Collision(name, ((first.server, first.original), (ts.server, tool["name"]))))
-        labels = labels_for(_annotations(tool), trusted=ts.trusted, gated=ts.gated)
-        entries[final] = Entry(final, ts.server, tool["name"], labels, publish(tool, final, ts.server, labels))
+        if kind == "tools":
+            labels = labels_for(_annotations(tool), trusted=ts.trusted, gated=ts.gated)
+        else:
+            labels = labels_for({"readOnlyHint": True}, trusted=ts.trusted, gated=False)
+        entries[final] = Entry(final, ts.server, tool["name"], labels, publish(tool, final, ts.server, labels, kind))
     return dict(sorted(entries.items())), sorted(collisions, key=lambda c: c.name)
 
 
@@ -106,6 +151,10 @@ class Catalog:
     entries: dict[str, Entry] = field(default_factory=dict)
     listing: list[Json] = field(default_factory=list)
     collisions: list[Collision] = field(default_factory=list)
+    prompts: dict[str, Entry] = field(default_factory=dict)
+    resources: list[Located] = field(default_factory=list)
+    templates: list[Located] = field(default_factory=list)
+    clashes: list[str] = field(default_factory=list)
     _sets: dict[str, ToolSet] = field(default_factory=dict)
 
     def update(self, toolset: ToolSet) -> bool:
@@ -123,16 +172,82 @@ class Catalog:
         """The entry for a public name, or None."""
         return self.entries.get(name)
 
+    def resolve_prompt(self, name: str) -> Entry | None:
+        """The prompt entry for a public name, or None."""
+        return self.prompts.get(name)
+
+    def route_uri(self, uri: str, sees: Callable[[str], bool]) -> str | None:
+        """The server a URI is read from, among the servers `sees` allows: the first (config order) that lists
+        it, else the first whose templates match it; None when none does."""
+        for located in self.resources:
+            if located.item["uri"] == uri and sees(located.server):
+                return located.server
+        for located in self.templates:
+            if located.template is not None and sees(located.server) and located.template.match(uri) is not None:
+                return located.server
+        return None
+
+    def route_template(self, template: str, sees: Callable[[str], bool]) -> str | None:
+        """The server that offers a resource template (by its text), for completions."""
+        for located in self.templates:
+            if located.item["uriTemplate"] == template and sees(located.server):
+                return located.server
+        return None
+
     def tools_of(self, server: str) -> list[Entry]:
         """The entries that come from one server."""
         return [e for e in self.entries.values() if e.server == server]
 
     def _rebuild(self) -> bool:
-        entries, collisions = merge(self._sets[s] for s in sorted(self._sets))
+        sets = [self._sets[s] for s in sorted(self._sets)]
+        entries, collisions = merge(sets)
+        prompts, prompt_collisions = merge(sets, "prompts")
         listing = [e.tool for e in entries.values()]
-        self.collisions = collisions
-        if listing == self.listing:
+        self.collisions = sorted(collisions + prompt_collisions, key=lambda c: c.name)
+        resources, templates, clashes = _locate(sets)
+        if (
+            listing == self.listing
+            and prompts == self.prompts
+            and (resources, templates)
+            == (
+                self.resources,
+                self.templates,
+            )
+        ):
             return False
-        self.entries, self.listing = entries, listing
+        self.entries, self.listing, self.prompts = entries, listing, prompts
+        self.resources, self.templates, self.clashes = resources, templates, clashes
         self.version += 1
         return True
+
+
+def _locate(sets: Iterable[ToolSet]) -> tuple[list[Located], list[Located], list[str]]:
+    """Every server's resources and templates in routing order (config rank, then as listed), and the clashes."""
+    ranked = sorted(sets, key=lambda ts: (ts.rank, ts.server))
+    resources: list[Located] = []
+    templates: list[Located] = []
+    owner: dict[str, str] = {}
+    clashes: list[str] = []
+    for ts in ranked:
+        for item in ts.resources:
+            uri = item["uri"]
+            if owner.setdefault(uri, ts.server) != ts.server:
+                clashes.append(f"resource {uri!r} of '{ts.server}' is also offered by '{owner[uri]}', which wins")
+            resources.append(Located(ts.server, ts.rank, label(item, ts.server, ts.trusted)))
+        for item in ts.templates:
+            try:
+                parsed = UriTemplate.parse(item["uriTemplate"])
+            except ValueError as e:
+                clashes.append(f"template {item['uriTemplate']!r} of '{ts.server}' cannot route reads: {e}")
+                parsed = None
+            text = item["uriTemplate"]
+            for other in templates:
+                known = other.template
+                if other.server != ts.server and known is not None and parsed is not None and overlaps(known, parsed):
+                    clashes.append(
+                        f"template {text!r} of '{ts.server}' overlaps {other.item['uriTemplate']!r} of "
+                        f"'{other.server}', which wins"
+                    )
+                    break
+            templates.append(Located(ts.server, ts.rank, label(item, ts.server, ts.trusted), parsed))
+    return resources, templates, clashes

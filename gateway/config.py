@@ -60,6 +60,23 @@ class RetrySpec(BaseModel):
     max_delay: Seconds = 5.0
 
 
+class RelaySpec(BaseModel):
+    """Which requests a server may make of the user through the gateway (sampling, elicitation, roots).
+
+    Roots are off unless the server opts in: some servers (server-filesystem) replace their sandbox
+    with the roots a client lists, so relaying a client's roots can widen what the server may touch.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    sampling: bool = True
+    elicitation: bool = True
+    roots: bool = False
+
+
+Protocol = Literal["auto", "2025-11-25", "2026-07-28"]
+
+
 class ServerSpec(BaseModel):
     """One upstream server's options, as written in the config (before `${VAR}` filling)."""
 
@@ -89,6 +106,8 @@ class ServerSpec(BaseModel):
     credential: str | None = None
     forward_headers: list[str] = Field(default_factory=list)
     disabled: bool = False
+    relay: RelaySpec = RelaySpec.model_validate({})
+    protocol: Protocol = "auto"
 
     @model_validator(mode="after")
     def _check(self) -> ServerSpec:

@@ -19,6 +19,7 @@ from gateway.upstream.errors import State, describe
 
 log = get_logger("registry")
 Listener = Callable[[], Awaitable[None]]
+UpdateListener = Callable[[str, str], Awaitable[None]]
 
 
 class NameTaken(KeyError):
@@ -49,6 +50,9 @@ class Registry:
         self._published: dict[str, tuple[Json, ...]] = {}
         self._collisions: list[Collision] = []
         self._listeners: list[Listener] = []
+        self._update_listeners: list[UpdateListener] = []
+        self._ranks: dict[str, int] = {}
+        self._clashes: list[str] = []
         self._tg: anyio.abc.TaskGroup | None = None
         self._changing = anyio.Lock()
         for spec in specs:
@@ -66,6 +70,8 @@ class Registry:
             source=source,
             fast=self._fast,
         )
+        upstream.on_resource_updated = self._resource_updated
+        self._ranks.setdefault(spec.name, len(self._ranks))
         self.upstreams[spec.name] = upstream
         return upstream
 
@@ -149,6 +155,17 @@ class Registry:
         """Call `listener` after each change of the merged listing."""
         self._listeners.append(listener)
 
+    def on_resource_updated(self, listener: UpdateListener) -> None:
+        """Call `listener(server, uri)` when a server says one of its resources changed."""
+        self._update_listeners.append(listener)
+
+    async def _resource_updated(self, upstream: Upstream, uri: str) -> None:
+        for listener in self._update_listeners:
+            try:
+                await listener(upstream.name, uri)
+            except Exception as e:
+                log.error("resource update listener failed", server=upstream.name, reason=describe(e))
+
     @asynccontextmanager
     async def running(self) -> AsyncIterator[Registry]:
         """Start every upstream in the background; stop them all on exit."""
@@ -196,8 +213,19 @@ class Registry:
         up = upstream.state is State.UP
         tools = upstream.tools if up else ()
         if up:
-            spec = upstream.spec
-            changed = self.catalog.update(ToolSet(spec.name, spec.effective_prefix, spec.trusted, spec.gated, tools))
+            spec, offers = upstream.spec, upstream.offers
+            toolset = ToolSet(
+                spec.name,
+                spec.effective_prefix,
+                spec.trusted,
+                spec.gated,
+                tools,
+                offers.prompts,
+                offers.resources,
+                offers.templates,
+                self._ranks.get(spec.name, len(self._ranks)),
+            )
+            changed = self.catalog.update(toolset)
         else:
             changed = self.catalog.remove(upstream.name)
         self.metrics.upstream_up.labels(upstream.name).set(1 if up else 0)
@@ -214,6 +242,10 @@ class Registry:
                     origins=[f"{s}/{t}" for s, t in collision.origins],
                 )
         self._collisions = list(self.catalog.collisions)
+        for clash in self.catalog.clashes:
+            if clash not in self._clashes:
+                log.warning("resources clash; config order decides", clash=clash)
+        self._clashes = list(self.catalog.clashes)
         if changed:
             await self._notify()
 

@@ -22,7 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.access import OPEN_VIEW, TokenSpec, View, views_for
 from gateway.bucket import TokenBucket
-from gateway.downstream.sessions import Sessions
+from gateway.downstream.sessions import Sessions, asks_capabilities
 from gateway.jsonrpc import decode, encode, error_body
 from gateway.logs import get_logger
 
@@ -237,11 +237,13 @@ class AuthGate:
             scope.setdefault("state", {})[MESSAGE_KEY] = message
         scope.setdefault("state", {})[SCOPE_KEY] = view
 
+        talks = asks_capabilities(scope["state"].get(MESSAGE_KEY))
+
         async def send_watching(message: Message) -> None:
             if message["type"] == "http.response.start" and session is None:
                 for key, value in message.get("headers", []):
                     if key.lower() == SESSION_HEADER:
-                        self.sessions.opened(value.decode("latin-1"), view.name)
+                        self.sessions.opened(value.decode("latin-1"), view.name, talks=talks)
             await send(message)
 
         await self.app(scope, receive, send_watching)

@@ -1,8 +1,10 @@
-"""The SDK's server behind `/mcp`: handshakes, listen streams, and every request the shortcut does not take."""
+"""The SDK's server behind `/mcp`: handshakes, listen streams, prompts, resources, completions, log levels, and
+every call the shortcut does not take."""
 
 from __future__ import annotations
 
 import secrets
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -11,25 +13,94 @@ import anyio
 import mcp.types as types
 from mcp import MCPError
 from mcp.server import NotificationOptions, Server, ServerRequestContext
+from mcp.server.caching import CacheHint
 from mcp.server.context import CallNext, HandlerResult
 from mcp.server.models import InitializationOptions
-from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
+from mcp.server.subscriptions import (
+    InMemorySubscriptionBus,
+    ListenHandler,
+    PromptsListChanged,
+    ResourcesListChanged,
+    ResourceUpdated,
+    ToolsListChanged,
+)
 from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 
+from gateway import surface
 from gateway.access import OPEN_VIEW, View
-from gateway.calls import SERVER_INFO, call_tool
+from gateway.calls import SERVER_INFO, call_tool, forwardable_meta
+from gateway.downstream.callers import SessionCaller, declared_capabilities
 from gateway.downstream.gate import view_of
+from gateway.downstream.held import HeldCalls
 from gateway.downstream.listing import LISTING_CACHE, Listings
 from gateway.downstream.sessions import Sessions
 from gateway.logs import get_logger
 from gateway.registry import Registry
+from gateway.upstream.connection import Upstream
+from gateway.upstream.errors import State
 
 log = get_logger("server")
 SESSION_HEADER = "mcp-session-id"
+PAGE_SIZE = 100
+ASKING = ("sampling", "elicitation", "roots")
+CHANGES = NotificationOptions(tools_changed=True, prompts_changed=True, resources_changed=True)
+FRESH = CacheHint(ttl_ms=0, scope="private")
+ASKING = ("sampling", "elicitation", "roots")
+
+
+def page(items: list[Any], cursor: str | None, key: str, version: str) -> Json:
+    """One page of a listing; the cursor is the offset of the next page."""
+    start = 0
+    if cursor:
+        if not cursor.isdigit() or int(cursor) > len(items):
+            raise MCPError(types.INVALID_PARAMS, f"Invalid cursor: {cursor[:64]!r}")
+        start = int(cursor)
+    result: Json = {key: items[start : start + PAGE_SIZE]}
+    if start + PAGE_SIZE < len(items):
+        result["nextCursor"] = str(start + PAGE_SIZE)
+    if version in MODERN_PROTOCOL_VERSIONS:
+        result["resultType"] = "complete"
+    return result
+
+
+Json = dict[str, Any]
+
+
+def _rounds(params: Any) -> Json:
+    """A 2026 retry's `inputResponses` and `requestState` (wire form), to pass on unchanged."""
+    dumped: Json = params.model_dump(
+        by_alias=True, mode="json", exclude_none=True, include={"input_responses", "request_state"}
+    )
+    return dumped
 
 
 class ManifoldServer(Server[Any]):
-    """The SDK's low-level server, advertising `tools.listChanged` to 2025-era clients too."""
+    """The SDK's low-level server, advertising `listChanged` to 2025-era clients too, and only the capabilities
+    some server behind the gateway offers."""
+
+    offered: set[str] | None = None
+
+    def get_capabilities(
+        self,
+        notification_options: NotificationOptions | None = None,
+        experimental_capabilities: dict[str, dict[str, Any]] | None = None,
+        extensions: dict[str, dict[str, Any]] | None = None,
+        *,
+        protocol_version: str | None = None,
+    ) -> types.ServerCapabilities:
+        capabilities = super().get_capabilities(
+            notification_options, experimental_capabilities, extensions, protocol_version=protocol_version
+        )
+        offered = self.offered
+        if offered is None:
+            return capabilities
+        update: Json = {}
+        for name in ("prompts", "resources", "completions", "logging"):
+            if name not in offered:
+                update[name] = None
+        if "resources" in offered and capabilities.resources is not None and "subscribe" not in offered:
+            update["resources"] = capabilities.resources.model_copy(update={"subscribe": False})
+        return capabilities.model_copy(update=update)
 
     def create_initialization_options(
         self,
@@ -38,7 +109,7 @@ class ManifoldServer(Server[Any]):
         extensions: dict[str, dict[str, Any]] | None = None,
     ) -> InitializationOptions:
         return super().create_initialization_options(
-            notification_options or NotificationOptions(tools_changed=True),
+            notification_options or CHANGES,
             experimental_capabilities,
             extensions,
         )
@@ -73,8 +144,11 @@ class Frontend:
         self.listings = Listings(registry.catalog)
         self.confirm_key = confirm_key or secrets.token_bytes(32)
         self._channels = {name: _Channel() for name in self.views}
-        self._seen: dict[str, tuple[str, ...]] = {}
+        self._seen: dict[tuple[str, str], Any] = {}
+        self._listening: Counter[tuple[str, str]] = Counter()
+        self._following: set[tuple[str, str]] = set()
         self.draining = False
+        self.held = HeldCalls()
         self.calls_in_flight = 0
         self._calls_done = anyio.Event()
         self.server = ManifoldServer(
@@ -84,12 +158,29 @@ class Frontend:
             on_list_tools=self._list_tools,
             on_call_tool=self._call_tool,
             on_subscriptions_listen=self._listen,
+            on_list_prompts=self._list_prompts,
+            on_get_prompt=self._get_prompt,
+            on_list_resources=self._list_resources,
+            on_list_resource_templates=self._list_templates,
+            on_read_resource=self._read_resource,
+            on_subscribe_resource=self._subscribe,
+            on_unsubscribe_resource=self._unsubscribe,
+            on_completion=self._complete,
+            on_set_logging_level=self._set_level,
             get_tool_input_schema=self._input_schema,
-            cache_hints={"tools/list": LISTING_CACHE},
+            cache_hints={
+                "tools/list": LISTING_CACHE,
+                "prompts/list": FRESH,
+                "resources/list": FRESH,
+                "resources/templates/list": FRESH,
+                "resources/read": FRESH,
+            },
         )
+        self.server.offered = set()
         # The OpenTelemetry middleware costs CPU on every call and exports nothing without a collector.
         self.server.middleware = [self._track_sessions]
         registry.on_catalog_change(self.broadcast_tools_changed)
+        registry.on_resource_updated(self.resource_updated)
         registry.metrics.downstream_sessions.set_function(self.sessions.count)
 
     def _input_schema(self, name: str) -> Mapping[str, Any] | None:
@@ -104,10 +195,54 @@ class Frontend:
         return self.listings.result(request_view(ctx), ctx.protocol_version)  # type: ignore[return-value]
 
     async def _listen(self, ctx: ServerRequestContext[Any], params: Any) -> Any:
-        return await self._channels[request_view(ctx).name].handler(ctx, params)
+        view = request_view(ctx)
+        notifications = getattr(params, "notifications", None)
+        uris = list(getattr(notifications, "resource_subscriptions", None) or ())
+        followed = [(server, uri) for uri in uris if (server := self.registry.catalog.route_uri(uri, view.sees))]
+        self._listening.update(followed)
+        try:
+            if followed:
+                await self._follow()
+            return await self._channels[view.name].handler(ctx, params)
+        finally:
+            self._listening.subtract(followed)
+            self._listening = +self._listening
+            if followed:
+                with anyio.CancelScope(shield=True):
+                    await self._follow()
+
+    def _caller(self, ctx: ServerRequestContext[Any]) -> SessionCaller:
+        session_id = ctx.request.headers.get(SESSION_HEADER) if ctx.request is not None else None
+        key = session_id or f"request:{id(ctx)}"
+        return SessionCaller(ctx, key, self.sessions.level(session_id))
 
     async def _call_tool(self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> Any:
         with self.tracking_call():
+            caller = self._caller(ctx)
+            if caller.modern and HeldCalls.ours(params.request_state):
+                held = self.held.find(params.request_state)
+                if held is None:
+                    raise MCPError(types.INVALID_PARAMS, "requestState is unknown, expired or was altered")
+                responses = params.model_dump(by_alias=True, mode="json", include={"input_responses"})
+                held.answer(responses.get("inputResponses") or {})
+                return await self.held.next_answer(held)
+            upstream = self._holdable(caller, params.name, request_view(ctx))
+            if upstream is not None:
+                held = self.held.open(caller.capabilities, upstream.spec.timeout)
+
+                async def call() -> Any:
+                    return await call_tool(
+                        self.registry,
+                        ctx,
+                        params,
+                        request_view(ctx),
+                        draining=self.draining,
+                        confirm_key=self.confirm_key,
+                        caller=held,
+                    )
+
+                upstream.spawn(self.held.run, held, call)
+                return await self.held.next_answer(held)
             return await call_tool(
                 self.registry,
                 ctx,
@@ -115,7 +250,143 @@ class Frontend:
                 request_view(ctx),
                 draining=self.draining,
                 confirm_key=self.confirm_key,
+                caller=caller,
             )
+
+    def _holdable(self, caller: SessionCaller, name: str, view: View) -> Upstream | None:
+        """The 2025-era server of a 2026 caller's call, when the caller can answer requests: the call is held."""
+        if not caller.modern or not any(k in caller.capabilities for k in ASKING):
+            return None
+        entry = self.registry.catalog.resolve(name)
+        if entry is None or not view.allows(entry) or view.confirms(entry):
+            return None
+        upstream = self.registry.upstreams.get(entry.server)
+        if upstream is None or upstream.state is not State.UP or not upstream.serving:
+            return None
+        return None if upstream.protocol_version in MODERN_PROTOCOL_VERSIONS else upstream
+
+    def _visible_prompts(self, view: View) -> list[Json]:
+        return [e.tool for e in self.registry.catalog.prompts.values() if view.sees(e.server)]
+
+    def _visible(self, view: View, kind: str) -> list[Json]:
+        """Resources (or templates) the view sees, one per URI (the one reads go to), in routing order."""
+        catalog = self.registry.catalog
+        located = catalog.resources if kind == "resources" else catalog.templates
+        key = "uri" if kind == "resources" else "uriTemplate"
+        seen: set[str] = set()
+        items = []
+        for entry in located:
+            if view.sees(entry.server) and entry.item[key] not in seen:
+                seen.add(entry.item[key])
+                items.append(entry.item)
+        return items
+
+    async def _list_prompts(self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None) -> Any:
+        return page(
+            self._visible_prompts(request_view(ctx)), params.cursor if params else None, "prompts", ctx.protocol_version
+        )
+
+    async def _list_resources(self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None) -> Any:
+        return page(
+            self._visible(request_view(ctx), "resources"),
+            params.cursor if params else None,
+            "resources",
+            ctx.protocol_version,
+        )
+
+    async def _list_templates(self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None) -> Any:
+        items = self._visible(request_view(ctx), "templates")
+        return page(items, params.cursor if params else None, "resourceTemplates", ctx.protocol_version)
+
+    def _meta(self, ctx: ServerRequestContext[Any]) -> Json:
+        return forwardable_meta(ctx.meta)
+
+    async def _get_prompt(self, ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams) -> Any:
+        with self.tracking_call():
+            return await surface.get_prompt(
+                self.registry,
+                request_view(ctx),
+                params.name,
+                params.arguments,
+                self._meta(ctx),
+                ctx.protocol_version,
+                self._caller(ctx),
+                draining=self.draining,
+                extra=_rounds(params),
+            )
+
+    async def _read_resource(self, ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams) -> Any:
+        with self.tracking_call():
+            return await surface.read_resource(
+                self.registry,
+                request_view(ctx),
+                str(params.uri),
+                self._meta(ctx),
+                ctx.protocol_version,
+                self._caller(ctx),
+                draining=self.draining,
+                extra=_rounds(params),
+            )
+
+    async def _complete(self, ctx: ServerRequestContext[Any], params: types.CompleteRequestParams) -> Any:
+        wire = params.model_dump(by_alias=True, mode="json", exclude_none=True)
+        return await surface.complete(self.registry, request_view(ctx), wire, ctx.protocol_version)
+
+    async def _set_level(self, ctx: ServerRequestContext[Any], params: types.SetLevelRequestParams) -> Any:
+        session_id = ctx.request.headers.get(SESSION_HEADER) if ctx.request is not None else None
+        if session_id is not None:
+            self.sessions.set_level(session_id, params.level)
+        await surface.set_level(self.registry, request_view(ctx), params.level)
+        return {}
+
+    async def _subscribe(self, ctx: ServerRequestContext[Any], params: types.SubscribeRequestParams) -> Any:
+        return await self._subscription(ctx, str(params.uri), True)
+
+    async def _unsubscribe(self, ctx: ServerRequestContext[Any], params: types.UnsubscribeRequestParams) -> Any:
+        return await self._subscription(ctx, str(params.uri), False)
+
+    async def _subscription(self, ctx: ServerRequestContext[Any], uri: str, on: bool) -> Any:
+        if self.registry.catalog.route_uri(uri, request_view(ctx).sees) is None:
+            raise surface.resource_not_found(uri, ctx.protocol_version)
+        session_id = ctx.request.headers.get(SESSION_HEADER) if ctx.request is not None else None
+        if session_id is not None:
+            self.sessions.subscribe(session_id, uri, on)
+        await self._follow()
+        return {}
+
+    async def _follow(self) -> None:
+        """Subscribe upstream to every resource some client follows, and drop what nobody follows any more."""
+        wanted = set(self._listening)
+        for view_name, uri, _ in self.sessions.subscribed():
+            seer = self.views.get(view_name)
+            server = self.registry.catalog.route_uri(uri, seer.sees) if seer is not None else None
+            if server is not None:
+                wanted.add((server, uri))
+        for server, uri in sorted(wanted ^ self._following):
+            upstream = self.registry.upstreams.get(server)
+            on = (server, uri) in wanted
+            (self._following.add if on else self._following.discard)((server, uri))
+            if upstream is None or upstream.state is not State.UP:
+                continue
+            if not (upstream.offers.capabilities.get("resources") or {}).get("subscribe"):
+                continue
+            try:
+                await upstream.subscribe(uri, on)
+            except MCPError as e:
+                log.warning("resource subscription not passed on", server=server, uri=uri[:256], reason=str(e))
+
+    async def resource_updated(self, server: str, uri: str) -> None:
+        """Tell the clients that follow `uri` (and may see `server`) that it changed."""
+        for name, view in self.views.items():
+            if view.sees(server):
+                await self._channels[name].bus.publish(ResourceUpdated(uri))
+        for view_name, followed, pusher in self.sessions.subscribed():
+            seer = self.views.get(view_name)
+            if followed == uri and seer is not None and seer.sees(server):
+                try:
+                    await pusher.send_resource_updated(uri)
+                except Exception as e:
+                    log.debug("resource update not delivered", reason=str(e))
 
     @contextmanager
     def tracking_call(self) -> Iterator[None]:
@@ -152,21 +423,48 @@ class Frontend:
             session_id = ctx.request.headers.get(SESSION_HEADER)
             if session_id:
                 self.sessions.served(session_id, request_view(ctx).name, ctx.session)
+                if ctx.method == "tools/call" and any(k in declared_capabilities(ctx) for k in ASKING):
+                    self.sessions.talking(session_id)
         return await call_next(ctx)
 
+    def _offered(self) -> set[str]:
+        """The capabilities some server that is up offers (`subscribe` when one can follow resources)."""
+        offered: set[str] = set()
+        for upstream in self.registry.upstreams.values():
+            if upstream.state is State.UP:
+                caps = upstream.offers.capabilities
+                offered.update(k for k in ("prompts", "resources", "completions", "logging") if k in caps)
+                if (caps.get("resources") or {}).get("subscribe"):
+                    offered.add("subscribe")
+        return offered
+
     async def broadcast_tools_changed(self) -> None:
-        """Tell the clients whose view changed, each in its own era's way."""
-        changed = []
-        for name, view in self.views.items():
-            names = tuple(t["name"] for t in self.listings.visible(view))
-            if self._seen.get(name) != names:
-                self._seen[name] = names
-                changed.append(name)
-        for name in changed:
-            await self._channels[name].bus.publish(ToolsListChanged())
-        for view_name, session in self.sessions.pushers():
-            if view_name in changed:
-                try:
-                    await session.send_tool_list_changed()
-                except Exception as e:
-                    log.debug("list_changed not delivered", reason=str(e))
+        """Tell the clients whose view of tools, prompts or resources changed, each in its own era's way."""
+        self.server.offered = self._offered()
+        kinds: list[tuple[str, Any, str]] = [
+            ("tools", ToolsListChanged(), "send_tool_list_changed"),
+            ("prompts", PromptsListChanged(), "send_prompt_list_changed"),
+            ("resources", ResourcesListChanged(), "send_resource_list_changed"),
+        ]
+        for kind, event, push in kinds:
+            changed = []
+            for name, view in self.views.items():
+                if kind == "tools":
+                    now: Any = tuple(t["name"] for t in self.listings.visible(view))
+                elif kind == "prompts":
+                    now = self._visible_prompts(view)
+                else:
+                    now = (self._visible(view, "resources"), self._visible(view, "templates"))
+                if self._seen.get((kind, name), () if kind == "tools" else None) != now:
+                    first = (kind, name) not in self._seen
+                    self._seen[(kind, name)] = now
+                    if not (first and kind != "tools"):
+                        changed.append(name)
+            for name in changed:
+                await self._channels[name].bus.publish(event)
+            for view_name, session in self.sessions.pushers():
+                if view_name in changed:
+                    try:
+                        await getattr(session, push)()
+                    except Exception as e:
+                        log.debug("list_changed not delivered", reason=str(e))

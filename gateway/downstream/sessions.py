@@ -10,13 +10,24 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from mcp.server.streamable_http import StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
 from gateway.internals.sdk import holding, serving_transport, session_transports
+
+ASKING = ("sampling", "elicitation", "roots")
+
+
+def asks_capabilities(message: Any) -> bool:
+    """Whether an `initialize` request declares a capability a server may ask the user through."""
+    if not isinstance(message, dict) or message.get("method") != "initialize":
+        return False
+    params = message.get("params")
+    capabilities = params.get("capabilities") if isinstance(params, dict) else None
+    return isinstance(capabilities, dict) and any(capabilities.get(k) is not None for k in ASKING)
 
 
 @dataclass
@@ -25,6 +36,9 @@ class Session:
 
     view: str
     pusher: Any = None
+    level: str | None = None
+    talks: bool = False
+    subscribed: set[str] = field(default_factory=set)
 
 
 class Sessions:
@@ -44,9 +58,9 @@ class Sessions:
         session = self._by_id.get(session_id)
         return session.view if session is not None else None
 
-    def opened(self, session_id: str, view: str) -> None:
-        """Record a session the SDK just opened for a caller with `view`."""
-        self._by_id.setdefault(session_id, Session(view))
+    def opened(self, session_id: str, view: str, *, talks: bool = False) -> None:
+        """Record a session the SDK just opened for a caller with `view` (`talks`: its client can be asked)."""
+        self._by_id.setdefault(session_id, Session(view, talks=talks))
         if len(self._by_id) >= self._prune_at:
             self.prune()
             self._prune_at = max(64, 2 * len(self._by_id))
@@ -56,6 +70,42 @@ class Sessions:
         session = self._by_id.setdefault(session_id, Session(view))
         if session.pusher is None:
             session.pusher = pusher
+
+    def talking(self, session_id: str) -> None:
+        """Record that the session's client can be asked things or wants log lines (it needs the SDK path)."""
+        session = self._by_id.get(session_id)
+        if session is not None:
+            session.talks = True
+
+    def talks(self, session_id: str) -> bool:
+        """Whether the session's client can be asked things or wants log lines."""
+        session = self._by_id.get(session_id)
+        return session is not None and session.talks
+
+    def set_level(self, session_id: str, level: str) -> None:
+        """Record the log level the session's client asked for."""
+        session = self._by_id.get(session_id)
+        if session is not None:
+            session.level, session.talks = level, True
+
+    def level(self, session_id: str | None) -> str | None:
+        """The session's log level (None: none was set)."""
+        session = self._by_id.get(session_id) if session_id is not None else None
+        return session.level if session is not None else None
+
+    def subscribe(self, session_id: str, uri: str, on: bool) -> None:
+        """Record (or drop) the session's subscription to a resource."""
+        session = self._by_id.get(session_id)
+        if session is not None:
+            (session.subscribed.add if on else session.subscribed.discard)(uri)
+
+    def subscribed(self) -> Iterator[tuple[str, str, Any]]:
+        """(view, URI, SDK session) of every live subscription of a 2025-era session."""
+        self.prune()
+        for session in list(self._by_id.values()):
+            if session.pusher is not None:
+                for uri in session.subscribed:
+                    yield session.view, uri, session.pusher
 
     def knows(self, session_id: str) -> bool:
         """Whether the session has served a request through the SDK (so it is initialised)."""

@@ -44,6 +44,9 @@ log = get_logger("shortcut")
 CALL_PARAMS = frozenset({"name", "arguments", "_meta"})
 LIST_PARAMS = frozenset({"_meta"})
 PARAM_HEADER_PREFIX = "mcp-param-"
+LOG_LEVEL_KEY = "io.modelcontextprotocol/logLevel"
+CAPABILITIES_KEY = "io.modelcontextprotocol/clientCapabilities"
+ASKING = ("sampling", "elicitation", "roots")
 MAX_REMEMBERED = 1024
 
 
@@ -172,6 +175,8 @@ class Shortcut:
         if meta is not None and "progressToken" in meta:
             return False  # progress is relayed by the SDK path
         modern = session_id is None
+        if _talks(meta) if modern else self.frontend.sessions.talks(session_id or ""):
+            return False  # a client that can be asked things or wants log lines is served with its call's stream
         entry = self.registry.catalog.resolve(name)
         if entry is not None and view.confirms(entry):
             return False  # a confirmation needs the SDK's back-channel (2025) or input rounds (2026)
@@ -238,6 +243,15 @@ class Shortcut:
         await send({"type": "http.response.start", "status": 202, "headers": _headers(0, session_id)})
         await send({"type": "http.response.body", "body": b""})
         return True
+
+
+def _talks(meta: Json | None) -> bool:
+    """Whether a 2026 request opted in to log lines or declares capabilities a server may ask through."""
+    if not meta:
+        return False
+    capabilities = meta.get(CAPABILITIES_KEY)
+    asks = isinstance(capabilities, dict) and any(k in capabilities for k in ASKING)
+    return asks or LOG_LEVEL_KEY in meta
 
 
 def _cancel_unless_cancelled(scope: anyio.CancelScope, watcher: asyncio.Task[None]) -> None:

@@ -6,6 +6,8 @@
 - `_later_revision_fields`: the result fields an older protocol revision does not know.
 - The SDK client transport's stand-in errors for HTTP failures, which carry no type or data of their
   own: `channel_error` turns them into the gateway's failure types, the one place text is compared.
+- `caller_capabilities`: a 2026-era session's envelope carries the capabilities of the caller a request
+  is sent for (`CALLER_CAPABILITIES`), by wrapping the stamp the session adopted when it connected.
 - A 2025-era session's transport (`StreamableHTTPSessionManager._server_instances`) and its in-flight
   counter (`_requests_in_flight`, `_idle_timeout`), so a request served beside the SDK holds the session
   open as the SDK's own requests do.
@@ -14,8 +16,9 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from contextvars import ContextVar
 from functools import cache
 from typing import Any
 
@@ -26,6 +29,7 @@ from mcp.client._probe import negotiate_auto
 from mcp.client.session import _later_revision_fields
 from mcp.server.streamable_http import StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 
 from gateway.upstream.errors import AnswerLost, ChannelError, HttpStatus, SessionExpired
 
@@ -60,6 +64,26 @@ def stamp(session: ClientSession, message: Json) -> dict[str, str]:
     return headers
 
 
+CLIENT_CAPABILITIES_KEY = "io.modelcontextprotocol/clientCapabilities"
+CALLER_CAPABILITIES: ContextVar[Json | None] = ContextVar("manifold_caller_capabilities", default=None)
+
+
+def caller_capabilities(session: ClientSession) -> None:
+    """Once `session` has connected: on the 2026 wire, requests sent while `CALLER_CAPABILITIES` is set
+    declare those capabilities instead of the session's own (the upstream learns what the caller can answer)."""
+    if session.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+        return
+    adopted: Callable[[Json, Any], None] = session._stamp
+
+    def stamp(data: Json, options: Any) -> None:
+        adopted(data, options)
+        capabilities = CALLER_CAPABILITIES.get()
+        if capabilities is not None:
+            data["params"]["_meta"][CLIENT_CAPABILITIES_KEY] = capabilities
+
+    session._stamp = stamp
+
+
 def session_transports(manager: StreamableHTTPSessionManager) -> Mapping[str, StreamableHTTPServerTransport]:
     """The open 2025-era sessions' transports by session id."""
     return manager._server_instances
@@ -92,6 +116,8 @@ def holding(transport: StreamableHTTPServerTransport) -> Iterator[None]:
 
 
 __all__ = [
+    "CALLER_CAPABILITIES",
+    "caller_capabilities",
     "channel_error",
     "holding",
     "later_revision_fields",

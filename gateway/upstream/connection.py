@@ -27,20 +27,21 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.client.subscriptions import ListenNotSupportedError, SubscriptionLost, listen
 from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.message import SessionMessage
+from mcp.shared.subscriptions import ResourceUpdated
 from mcp.types.version import MODERN_PROTOCOL_VERSIONS
-from pydantic import ValidationError
 
 from gateway import __version__
 from gateway.backoff import Backoff
 from gateway.config import ConfigError, ResolvedServer, ServerSpec, resolve
 from gateway.egress import Checked, EgressDenied, EgressPolicy, check_url, pinned_transport
-from gateway.filters import apply_filters
-from gateway.internals.sdk import negotiate_auto
+from gateway.internals.sdk import caller_capabilities, negotiate_auto
 from gateway.logs import get_logger
 from gateway.metrics import Metrics
+from gateway.upstream.asks import Callers
 from gateway.upstream.errors import State, describe
 from gateway.upstream.http11 import HttpWire, uses_proxy
-from gateway.upstream.invoke import Channel, Invoker, send_raw
+from gateway.upstream.invoke import Channel, Invoker
+from gateway.upstream.offers import NONE, Offers, list_offers
 from gateway.upstream.stdio import DirectChannel, stdio_transport
 
 Json = dict[str, Any]
@@ -96,6 +97,12 @@ class _WatchedReadStream:
 
 
 ChangeCallback = Callable[["Upstream"], Awaitable[None]]
+LIST_CHANGES = (
+    types.ToolListChangedNotification,
+    types.PromptListChangedNotification,
+    types.ResourceListChangedNotification,
+)
+UpdateCallback = Callable[["Upstream", str], Awaitable[None]]
 
 
 class Upstream:
@@ -129,7 +136,11 @@ class Upstream:
         self.state = State.DISABLED if spec.disabled else State.CONNECTING
         self.error: str | None = None
         self.since = time.time()
-        self.tools: tuple[Json, ...] = ()
+        self.offers: Offers = NONE
+        self.callers = Callers(spec)
+        self.on_resource_updated: UpdateCallback | None = None
+        self.subscriptions: set[str] = set()
+        self._listen_scope: anyio.CancelScope | None = None
         self.session: ClientSession | None = None
         self.protocol_version: str | None = None
         self.settled = anyio.Event()
@@ -185,19 +196,26 @@ class Upstream:
                         read_timeout_seconds=None,  # each request sets its own bound
                         message_handler=self._on_message,
                         client_info=CLIENT_INFO,
+                        **self.callers.callbacks(),
                     )
                 )
-                await negotiate_auto(session)
-                tools = await self._list_tools(session)
+                if self.spec.protocol == "auto":
+                    await negotiate_auto(session)
+                elif self.spec.protocol in MODERN_PROTOCOL_VERSIONS:
+                    await session.discover()
+                else:
+                    await session.initialize()
+                caller_capabilities(session)
+                offers = await list_offers(session, self.spec)
                 startup.deadline = math.inf
-                await self._serve(session, tools)
+                await self._serve(session, offers)
         if startup.cancelled_caught:
             raise TimeoutError(f"no answer within startup_timeout ({self.spec.startup_timeout:g} s)")
 
-    async def _serve(self, session: ClientSession, tools: tuple[Json, ...]) -> None:
+    async def _serve(self, session: ClientSession, offers: Offers) -> None:
         self.session = session
         self.protocol_version = session.protocol_version
-        self.tools = tools
+        self.offers = offers
         if self._metrics is not None:
             self._metrics.count_connect(self.name, "ok")
         await self._set_state(State.UP, None)
@@ -263,53 +281,82 @@ class Upstream:
             if wire is not None:
                 wire.close()
 
-    async def _list_tools(self, session: ClientSession) -> tuple[Json, ...]:
-        raw: list[Json] = []
-        cursor: str | None = None
-        while True:
-            params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
-            page = await send_raw(session, types.ListToolsRequest(params=params), timeout=self.spec.timeout)
-            raw.extend(t for t in page.get("tools", []) if isinstance(t, dict))
-            cursor = page.get("nextCursor")
-            if not cursor:
-                break
-        valid = []
-        for tool in raw:
-            try:
-                types.Tool.model_validate(tool)
-            except ValidationError:
-                log.warning("upstream tool skipped: invalid definition", server=self.name, tool=tool.get("name"))
-                continue
-            valid.append(tool)
-        by_name = {t["name"]: t for t in valid}
-        result = apply_filters(list(by_name), self.spec.only, self.spec.deny)
-        for pattern in result.unmatched_only:
-            log.warning("`only` entry matches no tool", server=self.name, pattern=pattern)
-        return tuple(by_name[n] for n in result.kept)
+    @property
+    def tools(self) -> tuple[Json, ...]:
+        """The server's tools after its filters (empty while it is not up)."""
+        return self.offers.tools
 
     async def _on_message(self, message: IncomingMessage) -> None:
-        if isinstance(message, types.ToolListChangedNotification):
+        if isinstance(
+            message,
+            types.ToolListChangedNotification
+            | types.PromptListChangedNotification
+            | types.ResourceListChangedNotification,
+        ):
             self._refresh_wanted.set()
+        elif isinstance(message, types.ResourceUpdatedNotification):
+            await self._updated(str(message.params.uri))
         elif isinstance(message, Exception):
             log.warning("upstream transport error", server=self.name, reason=describe(message))
 
+    async def _updated(self, uri: str) -> None:
+        if self.on_resource_updated is not None:
+            await self.on_resource_updated(self, uri)
+
+    async def subscribe(self, uri: str, on: bool) -> None:
+        """Follow (or stop following) changes of one resource: `resources/subscribe` on a 2025-era
+        session, the listen stream's resource filter on a 2026 one. Raises `MCPError`."""
+        session = self.session
+        if session is None:
+            raise MCPError(types.INTERNAL_ERROR, f"server '{self.name}' is not connected")
+        if on:
+            self.subscriptions.add(uri)
+        else:
+            self.subscriptions.discard(uri)
+        if session.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            if self._listen_scope is not None:
+                self._listen_scope.cancel()  # listen again, with the new set of resources
+            return
+        request: types.SubscribeRequest | types.UnsubscribeRequest = (
+            types.SubscribeRequest(params=types.SubscribeRequestParams(uri=uri))
+            if on
+            else types.UnsubscribeRequest(params=types.UnsubscribeRequestParams(uri=uri))
+        )
+        await session.send_request(
+            request,
+            types.EmptyResult,
+            request_read_timeout_seconds=self.spec.timeout,
+        )
+
     async def _listen(self, session: ClientSession) -> None:
+        caps = self.offers.capabilities
+        resources = caps.get("resources") or {}
         while True:
-            try:
-                async with listen(session, tools_list_changed=True) as subscription:
-                    async for _ in subscription:
-                        self._refresh_wanted.set()
-            except ListenNotSupportedError:
-                return
-            except MCPError as e:
-                if e.code == types.METHOD_NOT_FOUND:
-                    return  # a modern server without change notices
-                log.info("upstream listen refused", server=self.name, reason=describe(e))
-                await anyio.sleep(5)
-            except SubscriptionLost as e:
-                log.info("upstream listen stream lost", server=self.name, reason=describe(e))
-                await anyio.sleep(0.5)
-                self._refresh_wanted.set()
+            with anyio.CancelScope() as self._listen_scope:
+                try:
+                    async with listen(
+                        session,
+                        tools_list_changed="tools" in caps,
+                        prompts_list_changed="prompts" in caps,
+                        resources_list_changed="resources" in caps,
+                        resource_subscriptions=sorted(self.subscriptions) if resources.get("subscribe") else (),
+                    ) as subscription:
+                        async for event in subscription:
+                            if isinstance(event, ResourceUpdated):
+                                await self._updated(event.uri)
+                            else:
+                                self._refresh_wanted.set()
+                except ListenNotSupportedError:
+                    return
+                except MCPError as e:
+                    if e.code == types.METHOD_NOT_FOUND:
+                        return  # a modern server without change notices
+                    log.info("upstream listen refused", server=self.name, reason=describe(e))
+                    await anyio.sleep(5)
+                except SubscriptionLost as e:
+                    log.info("upstream listen stream lost", server=self.name, reason=describe(e))
+                    await anyio.sleep(0.5)
+                    self._refresh_wanted.set()
 
     async def _refresher(self, session: ClientSession) -> None:
         while True:
@@ -317,14 +364,14 @@ class Upstream:
             await anyio.sleep(0.05)  # coalesce a burst of change notices into one listing
             self._refresh_wanted = anyio.Event()
             try:
-                tools = await self._list_tools(session)
+                offers = await list_offers(session, self.spec)
             except MCPError as e:
                 log.warning("upstream refresh failed", server=self.name, reason=describe(e))
                 if e.code == types.CONNECTION_CLOSED:
                     self._closed.set()
                 continue
-            if tools != self.tools:
-                self.tools = tools
+            if offers != self.offers:
+                self.offers = offers
                 await self._on_change(self)
 
     async def _poll(self, interval: float) -> None:
@@ -364,9 +411,16 @@ class Upstream:
         arguments: Mapping[str, Any] | None,
         meta: Mapping[str, Any] | None,
         report: ProgressFnT | None = None,
+        extra: Mapping[str, Any] | None = None,
+        *,
+        lean: bool = True,
     ) -> Json:
         """Call a tool by its ORIGINAL name (see `Invoker.call`)."""
-        return await self._invoker.call(name, arguments, meta, report)
+        return await self._invoker.call(name, arguments, meta, report, extra, lean=lean)
+
+    async def request(self, method: str, params: Json, report: ProgressFnT | None = None) -> Json:
+        """Send any other request under the server's slots and deadline (see `Invoker.request`)."""
+        return await self._invoker.request(method, params, report)
 
     @property
     def channel(self) -> Channel | None:
@@ -378,6 +432,11 @@ class Upstream:
         """Whether a call is cancelled with `notifications/cancelled` (stdio, and 2025-era HTTP servers);
         on the 2026 HTTP wire, dropping the request's connection is the cancel."""
         return self._direct is not None or self.protocol_version not in MODERN_PROTOCOL_VERSIONS
+
+    @property
+    def serving(self) -> bool:
+        """Whether the connection is serving (work can be spawned in its task group)."""
+        return self._tasks is not None
 
     def spawn(self, work: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
         """Run `work` in the connection's task group: it ends when the connection does."""
@@ -398,6 +457,6 @@ class Upstream:
         if changed:
             self.since = time.time()
             if state is not State.UP:
-                self.tools = ()
+                self.offers = NONE
             log.info("upstream state", server=self.name, state=state.value, reason=error)
             await self._on_change(self)

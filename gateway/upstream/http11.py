@@ -227,6 +227,7 @@ class HttpWire:
         self._connect_timeout = connect_timeout
         self._idle: list[tuple[float, _Connection]] = []
         self._busy: set[_Connection] = set()
+        self._refusals: set[asyncio.Task[None]] = set()
         self.closed = False
 
     def _release(self, conn: _Connection) -> None:
@@ -292,7 +293,7 @@ class HttpWire:
         try:
             exchange = conn.send(data)
             await exchange.head
-            reply = await self._answer(exchange, message.get("id"), progress)
+            reply = await self._answer(exchange, message.get("id"), progress, headers)
         except BaseException:
             self._busy.discard(conn)
             conn.close()  # on the 2026 wire, dropping the POST is the cancellation
@@ -300,7 +301,9 @@ class HttpWire:
         self._release(conn)
         return reply
 
-    async def _answer(self, exchange: _Exchange, request_id: Any, progress: ProgressFnT | None) -> Json:
+    async def _answer(
+        self, exchange: _Exchange, request_id: Any, progress: ProgressFnT | None, headers: Mapping[str, str]
+    ) -> Json:
         status = exchange.status
         content_type = exchange.headers.get(b"content-type", b"").lower()
         if status == 202:
@@ -330,11 +333,13 @@ class HttpWire:
                 raise BadAnswer(PARSE_ERROR, "Failed to parse JSON response")
             return reply
         if content_type.startswith(b"text/event-stream"):
-            return await self._stream(exchange, request_id, progress)
+            return await self._stream(exchange, request_id, progress, headers)
         await exchange.read()
         raise BadAnswer(INVALID_REQUEST, f"Unexpected content type: {content_type.decode('latin-1')[:80]}")
 
-    async def _stream(self, exchange: _Exchange, request_id: Any, progress: ProgressFnT | None) -> Json:
+    async def _stream(
+        self, exchange: _Exchange, request_id: Any, progress: ProgressFnT | None, headers: Mapping[str, str]
+    ) -> Json:
         buffer = bytearray()
         carry_cr = False
         while (chunk := await exchange.next_chunk()) is not None:
@@ -356,7 +361,17 @@ class HttpWire:
                     return message
                 if message.get("method") == "notifications/progress" and progress is not None:
                     await report_progress(message.get("params"), progress)
+                elif "method" in message and "id" in message:
+                    self._refuse(message, headers)
         raise AnswerLost("the event stream ended without an answer")
+
+    def _refuse(self, request: Json, headers: Mapping[str, str]) -> None:
+        """Answer a server's request made during a lean call: its caller cannot be asked anything."""
+        reason = f"{request.get('method')} cannot be relayed: the client did not declare the capability"
+        refusal = {"jsonrpc": "2.0", "id": request["id"], "error": {"code": INVALID_REQUEST, "message": reason}}
+        task = asyncio.get_running_loop().create_task(self.notify(refusal, headers))
+        self._refusals.add(task)
+        task.add_done_callback(self._refusals.discard)
 
     async def notify(self, message: Json, headers: Mapping[str, str]) -> None:
         """POST one notification (e.g. a 2025-era cancel); failures are ignored, the connection closed on one."""

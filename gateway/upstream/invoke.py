@@ -108,25 +108,41 @@ class Invoker:
         self._ids = itertools.count(FIRST_ID)
 
     async def call(
-        self, name: str, arguments: Mapping[str, Any] | None, meta: Mapping[str, Any] | None, report: ProgressFnT | None
+        self,
+        name: str,
+        arguments: Mapping[str, Any] | None,
+        meta: Mapping[str, Any] | None,
+        report: ProgressFnT | None,
+        extra: Mapping[str, Any] | None = None,
+        *,
+        lean: bool = True,
     ) -> Json:
         """Call a tool by its ORIGINAL name; the raw result dict comes back as the upstream sent it.
 
         `timeout` bounds silence (each progress notice restarts the clock) and `max_call_time` the
-        whole call; a call that runs out is cancelled upstream. Raises `CallFailed`, or `MCPError`
+        whole call; a call that runs out is cancelled upstream. `extra` holds further parameters
+        (a 2026 retry's `inputResponses` and `requestState`). Raises `CallFailed`, or `MCPError`
         for an error the upstream answered with.
         """
+        params: Json = {"name": name, **(extra or {})}
+        if arguments is not None:
+            params["arguments"] = dict(arguments)
+        if meta:
+            params["_meta"] = dict(meta)
+        return await self.request("tools/call", params, report, lean=lean)
+
+    async def request(
+        self, method: str, params: Json, report: ProgressFnT | None = None, *, lean: bool = False
+    ) -> Json:
+        """Send any request (`tools/call`, `prompts/get`, `resources/read`, ...) under the server's slots and
+        deadline; plain tool calls (`lean`: nobody to relay the server's requests or log lines to) take the lean
+        channel when there is one, the rest the SDK's session."""
         up, spec = self._up, self._spec
         session = up.session
         if session is None or up.state is not State.UP:
             raise unavailable(up.name, up.error or up.state.value)
         if self._limiter.available_tokens < 1 and self._queued >= spec.max_queued:
             raise busy(up.name, f"{spec.max_concurrent} calls in flight and {self._queued} waiting; try again later")
-        params: Json = {"name": name}
-        if arguments is not None:
-            params["arguments"] = dict(arguments)
-        if meta:
-            params["_meta"] = dict(meta)
         acquired = False
         now = anyio.current_time()
         hard = now + spec.max_call_time if spec.max_call_time else math.inf
@@ -144,11 +160,11 @@ class Invoker:
                 self._queued -= 1
             acquired = True
             try:
-                channel = up.channel
+                channel = up.channel if lean and method == "tools/call" else None
                 if channel is not None:
-                    return self._result_of(await self._over_channel(session, channel, params, on_progress))
-                request = types.CallToolRequest(params=types.CallToolRequestParams.model_validate(params))
-                return self._result_of({"result": await send_raw(session, request, progress=on_progress)})
+                    return self._result_of(method, await self._over_channel(session, channel, params, on_progress))
+                request = types.client_request_adapter.validate_python({"method": method, "params": params})
+                return self._result_of(method, {"result": await send_raw(session, request, progress=on_progress)})
             except MCPError as e:
                 failure = channel_error(e)
                 if failure is None:
@@ -192,7 +208,7 @@ class Invoker:
                 self._up.spawn(channel.notify, cancel, cancel_headers)
             raise
 
-    def _result_of(self, reply: Json) -> Json:
+    def _result_of(self, method: str, reply: Json) -> Json:
         error = reply.get("error")
         if error is not None:
             try:
@@ -201,6 +217,12 @@ class Invoker:
                 data = types.ErrorData(code=types.INTERNAL_ERROR, message="malformed error response")
             raise MCPError(data.code, data.message, data.data)
         result = reply.get("result")
+        if method != "tools/call":
+            if not isinstance(result, dict):
+                raise CallFailed(
+                    f"server '{self._up.name}' answered {method} without a result", outcome="invalid", transient=False
+                )
+            return result
         if not plausible_result(result):
             raise CallFailed(
                 f"server '{self._up.name}' answered with something that is not a tool result",

@@ -1,0 +1,98 @@
+"""What one server offers: its tools, prompts, resources and resource templates, read page by page."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import mcp.types as types
+from mcp import ClientSession
+from pydantic import BaseModel, ValidationError
+
+from gateway.config import ServerSpec
+from gateway.filters import apply_filters
+from gateway.logs import get_logger
+from gateway.upstream.invoke import send_raw
+
+Json = dict[str, Any]
+log = get_logger("upstream")
+
+
+@dataclass(frozen=True)
+class Offers:
+    """One server's offer after its filters, as wire dicts, and the capabilities it declared."""
+
+    tools: tuple[Json, ...] = ()
+    prompts: tuple[Json, ...] = ()
+    resources: tuple[Json, ...] = ()
+    templates: tuple[Json, ...] = ()
+    capabilities: Json = field(default_factory=dict)
+
+    def has(self, capability: str) -> bool:
+        """Whether the server declared a capability (`prompts`, `resources`, `completions`, `logging`, ...)."""
+        return self.capabilities.get(capability) is not None
+
+
+NONE = Offers()
+
+
+def capabilities_of(session: ClientSession) -> Json:
+    """The server's declared capabilities as a wire dict (empty before the handshake)."""
+    caps = session.server_capabilities
+    return caps.model_dump(by_alias=True, mode="json", exclude_none=True) if caps is not None else {}
+
+
+async def list_offers(session: ClientSession, spec: ServerSpec) -> Offers:
+    """Walk every page of each listing the server's capabilities promise; apply the tool filters."""
+    caps = capabilities_of(session)
+    tools: tuple[Json, ...] = ()
+    # A server that declares nothing else is asked for tools even if it forgot to declare them.
+    if "tools" in caps or not caps.keys() & {"prompts", "resources"}:
+        tools = await _walk(session, types.ListToolsRequest, "tools", types.Tool, spec)
+        by_name = {t["name"]: t for t in tools}
+        kept = apply_filters(list(by_name), spec.only, spec.deny)
+        for pattern in kept.unmatched_only:
+            log.warning("`only` entry matches no tool", server=spec.name, pattern=pattern)
+        tools = tuple(by_name[n] for n in kept.kept)
+    prompts: tuple[Json, ...] = ()
+    resources: tuple[Json, ...] = ()
+    templates: tuple[Json, ...] = ()
+    if "prompts" in caps:
+        prompts = await _walk(session, types.ListPromptsRequest, "prompts", types.Prompt, spec)
+        prompts = tuple({p["name"]: p for p in prompts}.values())
+    if "resources" in caps:
+        resources = await _walk(session, types.ListResourcesRequest, "resources", types.Resource, spec)
+        templates = await _walk(
+            session, types.ListResourceTemplatesRequest, "resourceTemplates", types.ResourceTemplate, spec
+        )
+    return Offers(tools, prompts, resources, templates, caps)
+
+
+async def _walk(
+    session: ClientSession,
+    request: Callable[..., Any],
+    key: str,
+    model: type[BaseModel],
+    spec: ServerSpec,
+) -> tuple[Json, ...]:
+    """Every page of one listing; items that do not validate are skipped with a warning."""
+    items: list[Json] = []
+    cursor: str | None = None
+    for _ in range(10_000):
+        params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
+        page = await send_raw(session, request(params=params), timeout=spec.timeout)
+        for item in page.get(key, []):
+            if not isinstance(item, dict):
+                continue
+            try:
+                model.model_validate(item)
+            except ValidationError:
+                label = item.get("name") or item.get("uri") or item.get("uriTemplate")
+                log.warning(f"upstream {key[:-1]} skipped: invalid definition", server=spec.name, item=str(label)[:128])
+                continue
+            items.append(item)
+        cursor = page.get("nextCursor")
+        if not cursor:
+            break
+    return tuple(items)
