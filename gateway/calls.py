@@ -276,10 +276,11 @@ async def call_tool(
         headers=ctx.request.headers if ctx.request is not None else None,
         caller=caller,
         # The answers to a confirmation are the gateway's own; any other round's are the server's.
-        extra=None
-        if confirming
-        else params.model_dump(
-            by_alias=True, mode="json", exclude_none=True, include={"input_responses", "request_state"}
+        extra=params.model_dump(
+            by_alias=True,
+            mode="json",
+            exclude_none=True,
+            include={"task"} if confirming else {"input_responses", "request_state", "task"},
         ),
     )
 

@@ -36,6 +36,7 @@ from gateway.downstream.listing import LISTING_CACHE, Listings
 from gateway.downstream.sessions import Sessions
 from gateway.logs import get_logger
 from gateway.registry import Registry
+from gateway.tasks import Tasks
 from gateway.upstream.connection import Upstream
 from gateway.upstream.errors import State
 
@@ -98,6 +99,10 @@ class ManifoldServer(Server[Any]):
         for name in ("prompts", "resources", "completions", "logging"):
             if name not in offered:
                 update[name] = None
+        if "tasks" in offered and protocol_version not in MODERN_PROTOCOL_VERSIONS:
+            update["tasks"] = types.ServerTasksCapability.model_validate(
+                {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}
+            )
         if "resources" in offered and capabilities.resources is not None and "subscribe" not in offered:
             update["resources"] = capabilities.resources.model_copy(update={"subscribe": False})
         return capabilities.model_copy(update=update)
@@ -149,6 +154,7 @@ class Frontend:
         self._following: set[tuple[str, str]] = set()
         self.draining = False
         self.held = HeldCalls()
+        self.tasks = Tasks()
         self.calls_in_flight = 0
         self._calls_done = anyio.Event()
         self.server = ManifoldServer(
@@ -177,6 +183,10 @@ class Frontend:
             },
         )
         self.server.offered = set()
+        self.server.add_request_handler("tasks/get", types.GetTaskRequestParams, self._task_get)
+        self.server.add_request_handler("tasks/result", types.GetTaskPayloadRequestParams, self._task_result)
+        self.server.add_request_handler("tasks/cancel", types.CancelTaskRequestParams, self._task_cancel)
+        self.server.add_request_handler("tasks/list", types.PaginatedRequestParams, self._task_list)
         # The OpenTelemetry middleware costs CPU on every call and exports nothing without a collector.
         self.server.middleware = [self._track_sessions]
         registry.on_catalog_change(self.broadcast_tools_changed)
@@ -243,7 +253,7 @@ class Frontend:
 
                 upstream.spawn(self.held.run, held, call)
                 return await self.held.next_answer(held)
-            return await call_tool(
+            result = await call_tool(
                 self.registry,
                 ctx,
                 params,
@@ -252,6 +262,29 @@ class Frontend:
                 confirm_key=self.confirm_key,
                 caller=caller,
             )
+            if params.task is not None and (entry := self.registry.catalog.resolve(params.name)) is not None:
+                result = self.tasks.publish(result, entry.server, caller.session)
+            return result
+
+    async def _task_get(self, ctx: ServerRequestContext[Any], params: types.GetTaskRequestParams) -> Any:
+        return await self._task(ctx, "tasks/get", params.task_id)
+
+    async def _task_result(self, ctx: ServerRequestContext[Any], params: types.GetTaskPayloadRequestParams) -> Any:
+        with self.tracking_call():
+            return await self._task(ctx, "tasks/result", params.task_id)
+
+    async def _task_cancel(self, ctx: ServerRequestContext[Any], params: types.CancelTaskRequestParams) -> Any:
+        return await self._task(ctx, "tasks/cancel", params.task_id)
+
+    async def _task(self, ctx: ServerRequestContext[Any], method: str, task_id: str) -> Any:
+        caller = self._caller(ctx)
+        return await self.tasks.request(
+            self.registry, method, task_id, caller, ctx.protocol_version, draining=self.draining
+        )
+
+    async def _task_list(self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams) -> Any:
+        listing = await self.tasks.listing(self.registry, self._caller(ctx), ctx.protocol_version)
+        return page(listing["tasks"], params.cursor, "tasks", ctx.protocol_version)
 
     def _holdable(self, caller: SessionCaller, name: str, view: View) -> Upstream | None:
         """The 2025-era server of a 2026 caller's call, when the caller can answer requests: the call is held."""
@@ -425,6 +458,16 @@ class Frontend:
                 self.sessions.served(session_id, request_view(ctx).name, ctx.session)
                 if ctx.method == "tools/call" and any(k in declared_capabilities(ctx) for k in ASKING):
                     self.sessions.talking(session_id)
+            params = ctx.params if isinstance(ctx.params, dict) else {}
+            # Task answers are outside the SDK's result tables (it would drop or refuse them): served here.
+            answer: HandlerResult
+            if ctx.method == "tools/call" and params.get("task") is not None:
+                answer = await self._call_tool(ctx, types.CallToolRequestParams.model_validate(params, by_name=False))
+                return answer
+            if ctx.method == "tasks/result":
+                typed = types.GetTaskPayloadRequestParams.model_validate(params, by_name=False)
+                answer = await self._task_result(ctx, typed)
+                return answer
         return await call_next(ctx)
 
     def _offered(self) -> set[str]:
@@ -433,7 +476,7 @@ class Frontend:
         for upstream in self.registry.upstreams.values():
             if upstream.state is State.UP:
                 caps = upstream.offers.capabilities
-                offered.update(k for k in ("prompts", "resources", "completions", "logging") if k in caps)
+                offered.update(k for k in ("prompts", "resources", "completions", "logging", "tasks") if k in caps)
                 if (caps.get("resources") or {}).get("subscribe"):
                     offered.add("subscribe")
         return offered

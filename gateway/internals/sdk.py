@@ -8,6 +8,9 @@
   own: `channel_error` turns them into the gateway's failure types, the one place text is compared.
 - `caller_capabilities`: a 2026-era session's envelope carries the capabilities of the caller a request
   is sent for (`CALLER_CAPABILITIES`), by wrapping the stamp the session adopted when it connected.
+- `send_unchecked`: a request sent through a session's dispatcher (`ClientSession._dispatcher`), stamped as
+  the session stamps it, whose result is not checked against the SDK's tables (2025-11-25 task results,
+  which the SDK 2.x no longer models, would fail that check).
 - A 2025-era session's transport (`StreamableHTTPSessionManager._server_instances`) and its in-flight
   counter (`_requests_in_flight`, `_idle_timeout`), so a request served beside the SDK holds the session
   open as the SDK's own requests do.
@@ -84,6 +87,21 @@ def caller_capabilities(session: ClientSession) -> None:
     session._stamp = stamp
 
 
+async def send_unchecked(
+    session: ClientSession, method: str, params: Json, *, timeout: float | None = None, progress: Any = None
+) -> Json:
+    """Send a request through `session` and return its result as the wire dict, unvalidated. Raises `MCPError`."""
+    message: Json = {"method": method, "params": dict(params)}
+    options: Any = {}
+    session._stamp(message, options)
+    if timeout is not None:
+        options["timeout"] = timeout
+    if progress is not None:
+        options["on_progress"] = progress
+    result: Json = await session._dispatcher.send_raw_request(method, message.get("params"), options)
+    return result
+
+
 def session_transports(manager: StreamableHTTPSessionManager) -> Mapping[str, StreamableHTTPServerTransport]:
     """The open 2025-era sessions' transports by session id."""
     return manager._server_instances
@@ -122,6 +140,7 @@ __all__ = [
     "holding",
     "later_revision_fields",
     "negotiate_auto",
+    "send_unchecked",
     "serving_transport",
     "session_transports",
     "stamp",
@@ -132,6 +151,9 @@ SYMBOLS = {
     "mcp.client._probe.negotiate_auto": lambda: negotiate_auto,
     "mcp.client.session._later_revision_fields": lambda: _later_revision_fields,
     "mcp.client.session.ClientSession._stamp": lambda: _session_attr("_stamp"),
+    "mcp.client.session.ClientSession._dispatcher.send_raw_request": lambda: (
+        _session_attr("_dispatcher").send_raw_request
+    ),
     "mcp.server.streamable_http_manager.StreamableHTTPSessionManager._server_instances": lambda: (
         StreamableHTTPSessionManager(app=None)._server_instances  # type: ignore[arg-type]
     ),

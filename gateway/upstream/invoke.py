@@ -21,7 +21,7 @@ from mcp.shared.dispatcher import ProgressFnT
 from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import TypeAdapter, ValidationError
 
-from gateway.internals.sdk import channel_error, later_revision_fields, stamp
+from gateway.internals.sdk import channel_error, later_revision_fields, send_unchecked, stamp
 from gateway.upstream.errors import (
     AnswerLost,
     BadAnswer,
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 
 Json = dict[str, Any]
 RAW: TypeAdapter[Any] = TypeAdapter(dict[str, Any])
+TASK_METHODS = frozenset({"tasks/get", "tasks/result", "tasks/cancel", "tasks/list"})
 FIRST_ID = 2**40  # ids of calls on the lean channels: far from the SDK session's own
 CANCEL_REASON = "the gateway's caller cancelled or timed out"
 
@@ -163,6 +164,10 @@ class Invoker:
                 channel = up.channel if lean and method == "tools/call" else None
                 if channel is not None:
                     return self._result_of(method, await self._over_channel(session, channel, params, on_progress))
+                if method in TASK_METHODS or "task" in params:
+                    # Task results are outside the SDK's tables: sent unchecked, shape-checked here.
+                    raw = await send_unchecked(session, method, params, progress=on_progress)
+                    return self._result_of(method, {"result": raw})
                 request = types.client_request_adapter.validate_python({"method": method, "params": params})
                 return self._result_of(method, {"result": await send_raw(session, request, progress=on_progress)})
             except MCPError as e:

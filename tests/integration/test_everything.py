@@ -30,6 +30,7 @@ import httpx2
 import pytest
 from mcp import MCPError, types
 
+from gateway.internals.sdk import send_unchecked
 from tests.fixtures.servers import free_port
 from tests.integration.conftest import ERAS, THIRDPARTY, EraClient, Gateway, connect, run_gateway, wait_until
 
@@ -472,6 +473,39 @@ async def test_elicitation_is_relayed_to_the_2025_caller(gw: Running) -> None:
     [params] = asked
     assert wire(params)["_meta"] == {"manifold/server": "everything", "manifold/trust": "outside"}
     assert wire(params)["requestedSchema"]["required"] == ["name"]
+
+
+async def test_a_task_runs_through_the_gateway_and_stays_its_callers(gw: Running) -> None:
+    """`simulate-research-query` needs a task (2025-11-25): created, polled, its question relayed on the
+    `tasks/result` stream, its result fetched, listed; the task id is the gateway's, and another session's
+    requests about it are refused as an unknown task."""
+    asked: list[str] = []
+
+    async def clarify(ctx: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        asked.append(params.message)
+        return types.ElicitResult(action="accept", content={"interpretation": "the snake"})
+
+    arguments = {"topic": "python", "ambiguous": True}
+    async with client(gw, LEGACY, elicitation_callback=clarify) as c, client(gw, LEGACY) as other:
+        assert c.session.server_capabilities is not None and c.session.server_capabilities.tasks is not None
+        call = {"name": "everything__simulate-research-query", "arguments": arguments, "task": {"ttl": 60000}}
+        created = await send_unchecked(c.session, "tools/call", call)
+        task_id = created["task"]["taskId"]
+        assert task_id.startswith("manifold-"), created
+        assert created["_meta"]["manifold/server"] == "everything"
+        with anyio.fail_after(20):
+            while (state := await send_unchecked(c.session, "tasks/get", {"taskId": task_id}))["status"] == "working":
+                await anyio.sleep(0.2)
+        assert state["taskId"] == task_id and state["status"] == "input_required", state
+        with pytest.raises(MCPError, match="Unknown task"):
+            await send_unchecked(other.session, "tasks/get", {"taskId": task_id})
+        with anyio.fail_after(20):
+            result = await send_unchecked(c.session, "tasks/result", {"taskId": task_id})
+        assert "# Research Report: python (the snake)" in result["content"][0]["text"]
+        assert len(asked) == 1 and "python" in asked[0]
+        listed = await send_unchecked(c.session, "tasks/list", {})
+        assert [t["taskId"] for t in listed["tasks"]] == [task_id]
+        assert (await send_unchecked(other.session, "tasks/list", {}))["tasks"] == []
 
 
 @pytest.mark.parametrize("gw", ["stdio", "http"], indirect=True)
