@@ -44,6 +44,7 @@ log = get_logger("server")
 SESSION_HEADER = "mcp-session-id"
 PAGE_SIZE = 100
 ASKING = ("sampling", "elicitation", "roots")
+VIEWED = ("prompts", "resources", "completions", "logging", "tasks")
 CHANGES = NotificationOptions(tools_changed=True, prompts_changed=True, resources_changed=True)
 FRESH = CacheHint(ttl_ms=0, scope="private")
 ASKING = ("sampling", "elicitation", "roots")
@@ -452,6 +453,8 @@ class Frontend:
 
     async def _track_sessions(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
         self.registry.metrics.count_request(ctx.method)
+        if ctx.method in ("initialize", "server/discover"):
+            return self._narrowed(await call_next(ctx), request_view(ctx))
         if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS and ctx.request is not None:
             session_id = ctx.request.headers.get(SESSION_HEADER)
             if session_id:
@@ -470,11 +473,22 @@ class Frontend:
                 return answer
         return await call_next(ctx)
 
-    def _offered(self) -> set[str]:
-        """The capabilities some server that is up offers (`subscribe` when one can follow resources)."""
+    def _narrowed(self, result: HandlerResult, view: View) -> HandlerResult:
+        """A handshake's (or discovery's) capabilities, less what no server in the caller's view offers."""
+        if not isinstance(result, dict) or not isinstance(result.get("capabilities"), dict):
+            return result
+        offered = self._offered(view)
+        capabilities = {k: v for k, v in result["capabilities"].items() if k not in VIEWED or k in offered}
+        resources = capabilities.get("resources")
+        if isinstance(resources, dict) and "subscribe" not in offered:
+            capabilities["resources"] = {k: v for k, v in resources.items() if k != "subscribe"}
+        return {**result, "capabilities": capabilities}
+
+    def _offered(self, view: View | None = None) -> set[str]:
+        """The capabilities some server that is up (and in `view`) offers (`subscribe`: one can follow resources)."""
         offered: set[str] = set()
         for upstream in self.registry.upstreams.values():
-            if upstream.state is State.UP:
+            if upstream.state is State.UP and (view is None or view.sees(upstream.name)):
                 caps = upstream.offers.capabilities
                 offered.update(k for k in ("prompts", "resources", "completions", "logging", "tasks") if k in caps)
                 if (caps.get("resources") or {}).get("subscribe"):

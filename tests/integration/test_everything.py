@@ -176,6 +176,14 @@ async def walk(c: EraClient, kind: str) -> tuple[list[dict[str, Any]], int]:
             return items, pages
 
 
+async def capabilities(c: EraClient, era: str) -> types.ServerCapabilities | None:
+    """What the gateway declared to this client: in its handshake (2025), or by `server/discover` (2026)."""
+    if era == LEGACY:
+        return c.session.server_capabilities
+    discovered = await send_unchecked(c.session, "server/discover", {})
+    return types.ServerCapabilities.model_validate(discovered["capabilities"], by_name=False)
+
+
 def assert_labelled(meta: dict[str, Any] | None, era: str) -> None:
     """A result the gateway passed on: its server and trust, and (2026) Manifold's identity."""
     assert meta is not None
@@ -600,6 +608,13 @@ async def test_roots_are_relayed_to_the_caller_with_opt_in(
 @pytest.mark.parametrize("era", ERAS)
 async def test_a_token_view_without_the_server_sees_none_of_it(gw: Running, era: str) -> None:
     async with client(gw, era, token=NARROW) as c:
+        caps = await capabilities(c, era)
+        assert caps is not None and caps.tools is not None
+        assert (caps.prompts, caps.resources, caps.completions, caps.logging) == (None, None, None, None)
+        async with client(gw, era) as full:
+            wide = await capabilities(full, era)
+            assert wide is not None and wide.prompts is not None and wide.resources is not None
+            assert wide.completions is not None and wide.resources.subscribe is True
         assert await c.tool_names() == []
         assert (await walk(c, "prompts"))[0] == []
         assert (await walk(c, "resources"))[0] == []
