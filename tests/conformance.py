@@ -163,14 +163,33 @@ class SuiteResult:
         return "\n".join(lines)
 
 
+# Dated versions with no requirement set of their own, run as `--spec-version` (all applicable scenarios).
+SPEC_VERSIONS = ("2025-06-18",)
+
+
 def suite_available() -> bool:
     """Whether Node 22 and the suite are installed where this module expects them."""
     return NODE.is_file() and SUITE_JS.is_file()
 
 
+def applicable(version: str) -> list[str]:
+    """Every server scenario the suite applies to a dated spec version (`list --server --spec-version`)."""
+    listed = subprocess.run(
+        [str(NODE), str(SUITE_JS), "list", "--server", "--spec-version", version],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    return [line.split()[1] for line in listed.splitlines() if line.startswith("  - ")]
+
+
 def requirement_set(requirements: str) -> tuple[list[str], dict[str, str]]:
-    """The scored server scenarios of a revision, and the not-scored ones with their reason."""
+    """The scored server scenarios of a revision, and the not-scored ones with their reason. A dated version
+    without a requirement set (2025-06-18) scores every scenario the suite applies to it."""
     path = SUITE_DIR / "requirements" / f"{requirements}.yaml"
+    if not path.is_file() and requirements in SPEC_VERSIONS:
+        return applicable(requirements), {}
     if not path.is_file():
         known = sorted(p.stem for p in (SUITE_DIR / "requirements").glob("*.yaml"))
         raise ValueError(f"no requirement set {requirements!r} in the installed suite (known: {', '.join(known)})")
@@ -279,7 +298,8 @@ def run_suite(
     while results_dir.exists() or (workdir / f"{results_dir.name}.log").exists():
         attempt += 1
         results_dir = workdir / f"{stem}-{attempt}"
-    command = [str(NODE), str(SUITE_JS), "server", "--url", url, "--requirements", requirements]
+    selector = "--spec-version" if requirements in SPEC_VERSIONS else "--requirements"
+    command = [str(NODE), str(SUITE_JS), "server", "--url", url, selector, requirements]
     command += ["--timeout", str(scenario_timeout_ms), "-o", str(results_dir)]
     env = {**os.environ, "NO_COLOR": "1", "FORCE_COLOR": "0"}
     started = time.monotonic()
@@ -386,7 +406,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--requirements",
         action="append",
-        choices=REQUIREMENT_SETS,
+        choices=(*REQUIREMENT_SETS, *SPEC_VERSIONS),
         help="requirement set to run (repeatable; default: both)",
     )
     parser.add_argument("--workdir", type=Path, help="where the suite runs and keeps its results (default: a temp dir)")

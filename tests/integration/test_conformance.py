@@ -3,8 +3,9 @@
 The upstream is `tests/fixtures/conformance_server.py` (every tool, prompt and resource the suite's
 scenarios expect), served bare-named (`prefix: ""`) so the suite finds its names, over stdio and
 over HTTP. Both requirement sets must pass in full: 2025-11-25 (30 scored scenarios, run on the
-handshake wire) and 2026-07-28 (37, sessionless). `make test` runs this file a second time with
-the fast path off, so both downstream paths are held to the suite.
+handshake wire) and 2026-07-28 (37, sessionless); and every scenario the suite applies to 2025-06-18
+(27). `make test` runs this file a second time with the fast path off, so both downstream paths are held
+to the suite.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def wait_ready(base: str) -> None:
 def test_both_requirement_sets_pass_through_the_gateway(tmp_path: Path, transport: str) -> None:
     with upstream(transport) as server, run_gateway(tmp_path, {"servers": {"conformance": server}}) as gw:
         wait_ready(gw.base)
-        for requirements in ("2025-11-25", "2026-07-28"):
+        for requirements in ("2025-11-25", "2026-07-28", "2025-06-18"):
             result = run_suite(gw.url, requirements, tmp_path / requirements, timeout=180)
             scored, _ = requirement_set(requirements)
             assert len(result.scored) == len(scored), result.table()
