@@ -11,6 +11,9 @@
 - `send_unchecked`: a request sent through a session's dispatcher (`ClientSession._dispatcher`), stamped as
   the session stamps it, whose result is not checked against the SDK's tables (2025-11-25 task results,
   which the SDK 2.x no longer models, would fail that check).
+- `absorb_tools`: a listing read page by page outside `ClientSession.list_tools` handed to the session
+  (`ClientSession._absorb_tool_listing`), so it mirrors `x-mcp-header` arguments into `Mcp-Param-*`
+  headers on the 2026 wire and drops tools whose annotations are invalid, as the spec requires.
 - A 2025-era session's transport (`StreamableHTTPSessionManager._server_instances`) and its in-flight
   counter (`_requests_in_flight`, `_idle_timeout`), so a request served beside the SDK holds the session
   open as the SDK's own requests do.
@@ -102,6 +105,13 @@ async def send_unchecked(
     return result
 
 
+def absorb_tools(session: ClientSession, tools: list[Json]) -> set[str]:
+    """Hand a complete tool listing to `session`; the names it keeps (2026: those with valid `x-mcp-header`s)."""
+    listing = types.ListToolsResult.model_validate({"tools": tools}, by_name=False)
+    kept = session._absorb_tool_listing(listing, complete=True)
+    return {tool.name for tool in kept.tools}
+
+
 def session_transports(manager: StreamableHTTPSessionManager) -> Mapping[str, StreamableHTTPServerTransport]:
     """The open 2025-era sessions' transports by session id."""
     return manager._server_instances
@@ -135,6 +145,7 @@ def holding(transport: StreamableHTTPServerTransport) -> Iterator[None]:
 
 __all__ = [
     "CALLER_CAPABILITIES",
+    "absorb_tools",
     "caller_capabilities",
     "channel_error",
     "holding",
@@ -151,6 +162,7 @@ SYMBOLS = {
     "mcp.client._probe.negotiate_auto": lambda: negotiate_auto,
     "mcp.client.session._later_revision_fields": lambda: _later_revision_fields,
     "mcp.client.session.ClientSession._stamp": lambda: _session_attr("_stamp"),
+    "mcp.client.session.ClientSession._absorb_tool_listing": lambda: _session_attr("_absorb_tool_listing"),
     "mcp.client.session.ClientSession._dispatcher.send_raw_request": lambda: (
         _session_attr("_dispatcher").send_raw_request
     ),

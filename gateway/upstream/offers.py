@@ -12,6 +12,7 @@ from pydantic import BaseModel, ValidationError
 
 from gateway.config import ServerSpec
 from gateway.filters import apply_filters
+from gateway.internals.sdk import absorb_tools
 from gateway.logs import get_logger
 from gateway.upstream.invoke import send_raw
 
@@ -50,6 +51,10 @@ async def list_offers(session: ClientSession, spec: ServerSpec) -> Offers:
     # A server that declares nothing else is asked for tools even if it forgot to declare them.
     if "tools" in caps or not caps.keys() & {"prompts", "resources"}:
         tools = await _walk(session, types.ListToolsRequest, "tools", types.Tool, spec)
+        kept_names = absorb_tools(session, list(tools))
+        for dropped in [t["name"] for t in tools if t["name"] not in kept_names]:
+            log.warning("upstream tool skipped: invalid x-mcp-header annotation", server=spec.name, tool=dropped)
+        tools = tuple(t for t in tools if t["name"] in kept_names)
         by_name = {t["name"]: t for t in tools}
         kept = apply_filters(list(by_name), spec.only, spec.deny)
         for pattern in kept.unmatched_only:

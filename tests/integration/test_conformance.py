@@ -21,7 +21,7 @@ import httpx2
 import pytest
 
 from tests.conformance import requirement_set, run_suite, running_fixture, suite_available
-from tests.integration.conftest import ROOT, run_gateway
+from tests.integration.conftest import ROOT, connect, run_gateway
 
 FIXTURE = ROOT / "tests" / "fixtures" / "conformance_server.py"
 pytestmark = pytest.mark.skipif(not suite_available(), reason="conformance suite / Node 22 not installed")
@@ -60,3 +60,15 @@ def test_both_requirement_sets_pass_through_the_gateway(tmp_path: Path, transpor
             scored, _ = requirement_set(requirements)
             assert len(result.scored) == len(scored), result.table()
             assert result.ok, result.table(verbose=True)
+
+
+@pytest.mark.anyio
+async def test_param_headers_reach_a_2026_http_upstream(tmp_path: Path) -> None:
+    """An argument a tool mirrors into a header (`x-mcp-header`) travels as `Mcp-Param-*` to a 2026 HTTP server,
+    which refuses a call without it."""
+    with upstream("http") as server, run_gateway(tmp_path, {"servers": {"conformance": server}}) as gw:
+        wait_ready(gw.base)
+        async with connect(gw.url, "2026-07-28") as client:
+            result = await client.call("test_custom_header", {"region": "eu-west", "query": "q"})
+    assert result.is_error is not True, result
+    assert result.content[0].text == "region=eu-west; query=q"  # type: ignore[union-attr]
