@@ -370,7 +370,10 @@ class Frontend:
         session_id = ctx.request.headers.get(SESSION_HEADER) if ctx.request is not None else None
         if session_id is not None:
             self.sessions.set_level(session_id, params.level)
-        await surface.set_level(self.registry, request_view(ctx), params.level)
+        # A server keeps one level for all its callers: the most verbose any session wants; each session's
+        # own level filters what reaches it.
+        levels = [*self.sessions.levels(), params.level]
+        await surface.set_level(self.registry, request_view(ctx), min(levels, key=surface.LEVELS.index))
         return {}
 
     async def _subscribe(self, ctx: ServerRequestContext[Any], params: types.SubscribeRequestParams) -> Any:

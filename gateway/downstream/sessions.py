@@ -93,6 +93,11 @@ class Sessions:
         session = self._by_id.get(session_id) if session_id is not None else None
         return session.level if session is not None else None
 
+    def levels(self) -> list[str]:
+        """The log levels the live sessions asked for."""
+        self.prune()
+        return [s.level for s in self._by_id.values() if s.level is not None]
+
     def subscribe(self, session_id: str, uri: str, on: bool) -> None:
         """Record (or drop) the session's subscription to a resource."""
         session = self._by_id.get(session_id)

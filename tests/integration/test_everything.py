@@ -426,6 +426,22 @@ async def test_log_lines_reach_the_caller_named_after_the_server(gw: Running, er
     assert bystander.logs == [], "another session with no call in flight hears nothing"
 
 
+@pytest.mark.filterwarnings("ignore::mcp.MCPDeprecationWarning")  # logging/setLevel: 2025 only
+async def test_a_quieter_session_does_not_silence_another(gw: Running) -> None:
+    """The server keeps one level for all callers: the most verbose any session asked for, not the last."""
+    caller, quiet = Inbox(), Inbox()
+    async with (
+        client(gw, LEGACY, logging_callback=caller.on_log) as c,
+        client(gw, LEGACY, logging_callback=quiet.on_log) as other,
+    ):
+        await c.session.set_logging_level("debug")
+        await other.session.set_logging_level("emergency")
+        async with toggled(c, "everything__toggle-simulated-logging"):
+            await wait_until(lambda: bool(caller.logs), 5, "a log line")
+    assert caller.logs and caller.logs[0].logger == "everything"
+    assert quiet.logs == []
+
+
 async def test_a_2026_call_without_a_log_level_gets_no_log_lines(gw: Running) -> None:
     inbox = Inbox()
     async with (
