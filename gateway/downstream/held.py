@@ -127,9 +127,11 @@ class HeldCalls:
         try:
             with held.scope:
                 held.result = await call()
+            if held.scope.cancelled_caught:
+                held.error = MCPError(types.REQUEST_TIMEOUT, "the call was held for answers that never came")
         except BaseException as e:  # the waiting caller gets it
             held.error = e
-            if isinstance(e, anyio.get_cancelled_exc_class()) and not held.scope.cancel_called:
+            if isinstance(e, anyio.get_cancelled_exc_class()):
                 raise
         finally:
             held.done.set()
@@ -143,7 +145,7 @@ class HeldCalls:
             if held.done.is_set():
                 if held.error is not None:
                     if isinstance(held.error, anyio.get_cancelled_exc_class()):
-                        raise MCPError(types.REQUEST_TIMEOUT, "the call was held for answers that never came")
+                        raise MCPError(types.REQUEST_TIMEOUT, "the held call was cancelled")
                     raise held.error
                 assert held.result is not None
                 return held.result
