@@ -28,17 +28,19 @@ not one-to-one, so matching follows these rules:
 - A prefix `{var:N}` takes at most N characters of the decoded value. A variable that occurs several times
   (`{/var:1,var}`) must take consistent values; the longest is returned.
 - Expressions are greedy left to right: an earlier expression takes as much as it can while the rest still
-  matches (`{+path}/{name}` on `/a/b/c` gives `path="/a/b"`, `name="c"`). Two exceptions: an expression
-  directly followed by another one (no literal between) takes as little as it can, so `file:///{+path}{?rev}`
-  on `file:///a?rev=1` gives `path="a"`, `rev="1"` (and `up{+path}{var}/here` on `up/foo/barvalue/here` gives
-  `path="/foo/"`, `var="barvalue"`); and an exploded variable followed by other variables in its expression
-  leaves them a value each when it can (`{/list*,path:4}` on `/red/green/blue/%2Ffoo` gives
-  `list=["red","green","blue"]`, `path="/foo"`).
+  matches (`{+path}/{name}` on `/a/b/c` gives `path="/a/b"`, `name="c"`). Expressions that touch (no literal
+  between them) are taken together as one span, greedy like the rest, which is then split with the earlier
+  ones taking as little as they can: `file:///{+path}{?rev}` on `file:///a?rev=1` gives `path="a"`,
+  `rev="1"`, and `up{+path}{var}/here` on `up/foo/barvalue/here` gives `path="/foo/"`, `var="barvalue"`.
+  Within one expression, an exploded variable followed by other variables leaves them a value each when it
+  can (`{/list*,path:4}` on `/red/green/blue/%2Ffoo` gives `list=["red","green","blue"]`, `path="/foo"`).
 
 Literals may hold any character but `{` and `}`. Each template is compiled once to a regular expression;
 `match` first checks that the literal texts occur in order (cheap, and it spares the regex a hopeless URI).
-Matching is linear in the URI except across touching expressions whose characters overlap (`{a}{b}`), where
-the regex may backtrack quadratically on a URI that does not match.
+A run of touching expressions is one group of any of their characters in that regex, so they cannot
+backtrack against each other (the run's own regex then splits the span; only when that fails is the exact,
+slower regex tried). What remains superlinear: several expressions that may hold the same literal between
+them (`{+a}/{+b}x{c}` on a long run of `/`) backtrack over its occurrences on a URI that does not match.
 """
 
 from __future__ import annotations
@@ -94,7 +96,17 @@ class _Var:
 class _Expression:
     operator: _Operator
     variables: tuple[_Var, ...]
-    group: int  # named: the group of all its parameters; unnamed: the group of its first variable
+    group: int  # in its run's regex: named, the group of all its parameters; unnamed, that of its first variable
+
+
+@dataclass(frozen=True, slots=True)
+class _Run:
+    """Touching expressions (no literal between them), which the template regex takes as one span."""
+
+    expressions: tuple[_Expression, ...]
+    regex: re.Pattern[str]  # splits the span among the expressions, earlier ones taking as little as they can
+    fast: int  # the group offset of its expressions, or of its span if it has several, in the template regex
+    exact: int  # the group offset of its expressions in the exact regex
 
 
 def _char(excluded: str) -> str:
@@ -110,50 +122,85 @@ def _unit(excluded: str) -> str:
 class UriTemplate:
     """A parsed, compiled RFC 6570 URI template that matches concrete URIs (rules in the module docstring)."""
 
-    __slots__ = ("_expressions", "_head", "_inner", "_names", "_regex", "_specificity", "_tail", "_text")
+    __slots__ = (
+        "_exact",
+        "_expressions",
+        "_head",
+        "_inner",
+        "_names",
+        "_regex",
+        "_runs",
+        "_specificity",
+        "_tail",
+        "_text",
+    )
 
     def __init__(self, text: str) -> None:
         """Parse and compile `text`; `ValueError` names what is wrong with an invalid template."""
         self._text = text
         literals: list[str] = []
-        expressions: list[_Expression] = []
-        pattern: list[str] = []
-        groups = 0
+        parsed: list[list[tuple[_Operator, tuple[_Var, ...]]]] = []  # runs of touching expressions
         position = 0
         while True:
             start = _next_brace(text, position)
             literal = text[position : len(text) if start < 0 else start]
-            literals.append(literal)
-            pattern.append(re.escape(literal))
             if start < 0:
+                literals.append(literal)
                 break
             end = text.find("}", start + 1)
             nested = text.find("{", start + 1, len(text) if end < 0 else end)
             if end < 0 or nested >= 0:
                 raise ValueError(f"unclosed '{{' at position {start}")
-            operator, variables = _parse_expression(text[start : end + 1])
-            expression = _Expression(operator, variables, groups + 1)
-            regex, count = _expression_regex(expression, lazy=text.startswith("{", end + 1))
-            expressions.append(expression)
-            pattern.append(regex)
-            groups += count
+            if parsed and not literal:
+                parsed[-1].append(_parse_expression(text[start : end + 1]))
+            else:
+                literals.append(literal)
+                parsed.append([_parse_expression(text[start : end + 1])])
             position = end + 1
-        self._expressions = tuple(expressions)
-        self._regex = re.compile("".join(pattern), re.DOTALL)
+        self._compile(literals, parsed)
         self._head = literals[0]
-        self._tail = literals[-1] if expressions else ""
-        self._inner = tuple(lit for lit in literals[1:-1] if lit)
+        self._tail = literals[-1] if parsed else ""
+        self._inner = tuple(literals[1:-1])
         names: dict[str, None] = {}
-        for expression in expressions:
+        for expression in self._expressions:
             names.update((v.name, None) for v in expression.variables)
         self._names = tuple(names)
-        wide = sum(1 for e in expressions if e.operator in (_OPERATORS["+"], _OPERATORS["#"]) or _exploded(e) >= 0)
+        wide = sum(1 for e in self._expressions if e.operator.excluded == "" or _exploded(e) >= 0)
         self._specificity = (
             sum(len(lit) for lit in literals),
             -wide,
             len(self._head),
-            -sum(len(e.variables) for e in expressions),
+            -sum(len(e.variables) for e in self._expressions),
         )
+
+    def _compile(self, literals: list[str], parsed: list[list[tuple[_Operator, tuple[_Var, ...]]]]) -> None:
+        """Build the template regex, where a run of several touching expressions is one span of any of their
+        characters (so they cannot backtrack against each other), and the exact regex to fall back on."""
+        fast, exact = [re.escape(literals[0])], [re.escape(literals[0])]
+        fast_groups = exact_groups = 0
+        runs: list[_Run] = []
+        for run, literal in zip(parsed, literals[1:], strict=True):
+            expressions: list[_Expression] = []
+            capturing = []
+            groups = 0
+            for index, (operator, variables) in enumerate(run):
+                expression = _Expression(operator, variables, groups + 1)
+                regex, count = _expression_regex(expression, lazy=index < len(run) - 1)
+                capturing.append(regex)
+                expressions.append(expression)
+                groups += count
+            runs.append(_Run(tuple(expressions), re.compile("".join(capturing), re.DOTALL), fast_groups, exact_groups))
+            fast.append("".join(capturing) if len(run) == 1 else f"({_char(_run_excluded(run))}*)")
+            exact.append("".join(capturing))
+            fast_groups += groups if len(run) == 1 else 1
+            exact_groups += groups
+            fast.append(re.escape(literal))
+            exact.append(re.escape(literal))
+        self._runs = tuple(runs)
+        self._expressions = tuple(e for run in runs for e in run.expressions)
+        self._regex = re.compile("".join(fast), re.DOTALL)
+        several = any(len(run.expressions) > 1 for run in runs)
+        self._exact = re.compile("".join(exact), re.DOTALL) if several else None
 
     @classmethod
     def parse(cls, text: str) -> UriTemplate:
@@ -197,20 +244,41 @@ class UriTemplate:
         found = self._regex.fullmatch(uri)
         if found is None:
             return None
-        values: list[tuple[_Var, str | list[str]]] = []
-        for expression in self._expressions:
-            if expression.operator.named:
-                raw = found.group(expression.group)
-                if raw is not None and not _named_values(expression, raw, values):
-                    return None
+        split: list[tuple[re.Match[str], int]] = []
+        for run in self._runs:
+            if len(run.expressions) == 1:
+                split.append((found, run.fast))
                 continue
-            for index, var in enumerate(expression.variables):
-                raw = found.group(expression.group + index)
-                if raw is None:
-                    break
-                values.append(
-                    (var, [unquote(i) for i in raw.split(expression.operator.sep)] if var.explode else unquote(raw))
-                )
+            inner = run.regex.fullmatch(found.group(run.fast + 1))
+            if inner is None:  # the span holds characters in a way the run cannot: try every split
+                return self._match_exactly(uri)
+            split.append((inner, 0))
+        return self._values(split)
+
+    def _match_exactly(self, uri: str) -> Values | None:
+        """`match` with the exact regex, which may backtrack through touching expressions."""
+        found = self._exact.fullmatch(uri) if self._exact is not None else None
+        if found is None:
+            return None
+        return self._values([(found, run.exact) for run in self._runs])
+
+    def _values(self, split: list[tuple[re.Match[str], int]]) -> Values | None:
+        """The variable values from each run's match and group offset; None if they are inconsistent."""
+        values: list[tuple[_Var, str | list[str]]] = []
+        for run, (found, offset) in zip(self._runs, split, strict=True):
+            for expression in run.expressions:
+                group = offset + expression.group
+                if expression.operator.named:
+                    raw = found.group(group)
+                    if raw is not None and not _named_values(expression, raw, values):
+                        return None
+                    continue
+                for index, var in enumerate(expression.variables):
+                    raw = found.group(group + index)
+                    if raw is None:
+                        break
+                    sep = expression.operator.sep
+                    values.append((var, [unquote(i) for i in raw.split(sep)] if var.explode else unquote(raw)))
         merged = _merge(values)
         if merged is None:
             return None
@@ -289,6 +357,12 @@ def _parse_expression(expression: str) -> tuple[_Operator, tuple[_Var, ...]]:
 def _exploded(expression: _Expression) -> int:
     """The index of the first exploded variable of the expression, -1 for none."""
     return next((i for i, v in enumerate(expression.variables) if v.explode), -1)
+
+
+def _run_excluded(run: list[tuple[_Operator, tuple[_Var, ...]]]) -> str:
+    """The characters that no expression of a run can match (its leading characters and separators can)."""
+    common = set.intersection(*(set(op.excluded) - {op.first, op.sep} for op, _ in run))
+    return "".join(sorted(common))
 
 
 def _expression_regex(expression: _Expression, lazy: bool) -> tuple[str, int]:

@@ -469,6 +469,25 @@ def test_a_missing_literal_fails_fast_even_with_touching_expressions():
     assert UriTemplate.parse("{a}{b}{c}x{d}").match("a" * 100_000) is None
 
 
+def test_touching_expressions_do_not_backtrack_against_each_other():
+    # one regex over `{a}{b}{c}` would try every split of 20 000 characters: far beyond the test timeout
+    assert UriTemplate.parse("{a}{b}{c}x{d}").match("a" * 20_000 + "x/") is None
+    assert UriTemplate.parse("x/{id}{.format}").match("x/" + "a." * 20_000 + "/") is None
+    assert UriTemplate.parse("{a}{b}{c}x{d}").match("a" * 20_000 + "x") == {
+        "a": "",
+        "b": "",
+        "c": "a" * 20_000,
+        "d": "",
+    }
+
+
+def test_a_span_the_touching_expressions_cannot_split_falls_back_to_every_split():
+    # the greedy span is "p/qx/r", which `{a}{/b}` cannot hold; the exact regex finds the shorter "p/q"
+    assert UriTemplate.parse("{a}{/b}x{+c}").match("p/qx/rx/s") == {"a": "p", "b": "q", "c": "/rx/s"}
+    assert UriTemplate.parse("{a}{?q}").match("x?foo=1") is None
+    assert UriTemplate.parse("{a}{?q}").match("x?q=1") == {"a": "x", "q": "1"}
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.text(alphabet=st.characters(codec="utf-8")))
 def test_any_simple_value_round_trips(value):
