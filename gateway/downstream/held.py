@@ -34,6 +34,7 @@ class Held:
     key: str
     capabilities: Json
     deadline: float
+    labels: Json = field(default_factory=dict)
     asks: dict[str, tuple[Json, anyio.Event]] = field(default_factory=dict)
     answers: dict[str, Json] = field(default_factory=dict)
     result: Json | None = None
@@ -111,9 +112,10 @@ class HeldCalls:
         """Whether a `requestState` was made here (else it is the server's own, passed through)."""
         return bool(state and state.startswith(STATE_PREFIX))
 
-    def open(self, capabilities: Json, timeout: float) -> Held:
-        """A new held call for a caller with `capabilities`, cancelled unless done or answered within `timeout`."""
-        held = Held(secrets.token_hex(12), capabilities, anyio.current_time() + timeout)
+    def open(self, capabilities: Json, timeout: float, labels: Json | None = None) -> Held:
+        """A new held call for a caller with `capabilities`, cancelled unless done or answered within `timeout`;
+        `labels` go in the `_meta` of each `input_required` round (which server asks, how far to trust it)."""
+        held = Held(secrets.token_hex(12), capabilities, anyio.current_time() + timeout, dict(labels or {}))
         held.scope.deadline = held.deadline
         self._held[held.key] = held
         return held
@@ -156,6 +158,7 @@ class HeldCalls:
                     "resultType": "input_required",
                     "inputRequests": held.unanswered(),
                     "requestState": self.state(held),
+                    "_meta": held.labels,
                 }
             changed = held.changed
             await changed.wait()

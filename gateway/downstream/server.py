@@ -44,6 +44,7 @@ log = get_logger("server")
 SESSION_HEADER = "mcp-session-id"
 PAGE_SIZE = 100
 ASKING = ("sampling", "elicitation", "roots")
+TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 VIEWED = ("prompts", "resources", "completions", "logging", "tasks")
 CHANGES = NotificationOptions(tools_changed=True, prompts_changed=True, resources_changed=True)
 FRESH = CacheHint(ttl_ms=0, scope="private")
@@ -187,6 +188,7 @@ class Frontend:
         self.server.add_request_handler("tasks/get", types.GetTaskRequestParams, self._task_get)
         self.server.add_request_handler("tasks/result", types.GetTaskPayloadRequestParams, self._task_result)
         self.server.add_request_handler("tasks/cancel", types.CancelTaskRequestParams, self._task_cancel)
+        self.server.add_request_handler("tasks/update", types.RequestParams, self._task_update)
         self.server.add_request_handler("tasks/list", types.PaginatedRequestParams, self._task_list)
         # The OpenTelemetry middleware costs CPU on every call and exports nothing without a collector.
         self.server.middleware = [self._track_sessions]
@@ -239,7 +241,9 @@ class Frontend:
                 return await self.held.next_answer(held)
             upstream = self._holdable(caller, params.name, request_view(ctx))
             if upstream is not None:
-                held = self.held.open(caller.capabilities, upstream.spec.timeout)
+                trust = "trusted" if upstream.spec.trusted else "outside"
+                labels = {"manifold/server": upstream.name, "manifold/trust": trust}
+                held = self.held.open(caller.capabilities, upstream.spec.timeout, labels)
 
                 async def call() -> Any:
                     return await call_tool(
@@ -263,28 +267,50 @@ class Frontend:
                 confirm_key=self.confirm_key,
                 caller=caller,
             )
-            if params.task is not None and (entry := self.registry.catalog.resolve(params.name)) is not None:
-                result = self.tasks.publish(result, entry.server, caller.session)
+            if (entry := self.registry.catalog.resolve(params.name)) is not None:
+                result = self.tasks.publish(result, entry.server, self._owner(ctx))
             return result
 
-    async def _task_get(self, ctx: ServerRequestContext[Any], params: types.GetTaskRequestParams) -> Any:
-        return await self._task(ctx, "tasks/get", params.task_id)
+    def _owner(self, ctx: ServerRequestContext[Any]) -> str:
+        """Whose a task is: a 2025-era caller's session, else (sessionless) the caller's token."""
+        session_id = ctx.request.headers.get(SESSION_HEADER) if ctx.request is not None else None
+        if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS and session_id:
+            return f"session:{session_id}"
+        return f"token:{request_view(ctx).name}"
 
-    async def _task_result(self, ctx: ServerRequestContext[Any], params: types.GetTaskPayloadRequestParams) -> Any:
+    async def _task_get(self, ctx: ServerRequestContext[Any], params: Any) -> Any:
+        return await self._task(ctx, "tasks/get")
+
+    async def _task_update(self, ctx: ServerRequestContext[Any], params: Any) -> Any:
+        if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+            raise MCPError(types.METHOD_NOT_FOUND, "Method not found", "tasks/update")
+        return await self._task(ctx, "tasks/update")
+
+    async def _task_result(self, ctx: ServerRequestContext[Any], params: Any) -> Any:
+        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            raise MCPError(types.METHOD_NOT_FOUND, "Method not found", "tasks/result")  # inlined in tasks/get
         with self.tracking_call():
-            return await self._task(ctx, "tasks/result", params.task_id)
+            return await self._task(ctx, "tasks/result")
 
-    async def _task_cancel(self, ctx: ServerRequestContext[Any], params: types.CancelTaskRequestParams) -> Any:
-        return await self._task(ctx, "tasks/cancel", params.task_id)
+    async def _task_cancel(self, ctx: ServerRequestContext[Any], params: Any) -> Any:
+        return await self._task(ctx, "tasks/cancel")
 
-    async def _task(self, ctx: ServerRequestContext[Any], method: str, task_id: str) -> Any:
-        caller = self._caller(ctx)
+    async def _task(self, ctx: ServerRequestContext[Any], method: str) -> Any:
+        params = ctx.params if isinstance(ctx.params, dict) else {}
         return await self.tasks.request(
-            self.registry, method, task_id, caller, ctx.protocol_version, draining=self.draining
+            self.registry,
+            method,
+            params,
+            self._owner(ctx),
+            self._caller(ctx),
+            ctx.protocol_version,
+            draining=self.draining,
         )
 
     async def _task_list(self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams) -> Any:
-        listing = await self.tasks.listing(self.registry, self._caller(ctx), ctx.protocol_version)
+        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            raise MCPError(types.METHOD_NOT_FOUND, "Method not found", "tasks/list")
+        listing = await self.tasks.listing(self.registry, self._owner(ctx), ctx.protocol_version)
         return page(listing["tasks"], params.cursor, "tasks", ctx.protocol_version)
 
     def _holdable(self, caller: SessionCaller, name: str, view: View) -> Upstream | None:
@@ -482,6 +508,8 @@ class Frontend:
             return result
         offered = self._offered(view)
         capabilities = {k: v for k, v in result["capabilities"].items() if k not in VIEWED or k in offered}
+        if TASKS_EXTENSION in offered and "supportedVersions" in result:  # a 2026 discovery
+            capabilities["extensions"] = {**capabilities.get("extensions", {}), TASKS_EXTENSION: {}}
         resources = capabilities.get("resources")
         if isinstance(resources, dict) and "subscribe" not in offered:
             capabilities["resources"] = {k: v for k, v in resources.items() if k != "subscribe"}
@@ -496,6 +524,8 @@ class Frontend:
                 offered.update(k for k in ("prompts", "resources", "completions", "logging", "tasks") if k in caps)
                 if (caps.get("resources") or {}).get("subscribe"):
                     offered.add("subscribe")
+                if TASKS_EXTENSION in (caps.get("extensions") or {}):
+                    offered.add(TASKS_EXTENSION)
         return offered
 
     async def broadcast_tools_changed(self) -> None:
