@@ -1,9 +1,12 @@
-"""Tasks (the 2025-11-25 task-augmented calls): `tools/call` with a `task`, then `tasks/get|result|cancel|list`.
+"""Tasks: the 2025-11-25 task-augmented calls (`tools/call` with a `task`, then `tasks/get|result|cancel|list`)
+and the 2026 tasks extension (`io.modelcontextprotocol/tasks`: the server answers `resultType: "task"`,
+then `tasks/get|update|cancel`).
 
 A server's task id is never shown as is: the caller gets an id of the gateway's, bound to the server
-that runs the task and to the caller's session, so ids of two servers never meet and one client
-cannot read, wait on or cancel another's task. Requests about a task go to its server under the
-server's own id, and every task in an answer is shown under the caller's id.
+that runs the task and to its owner (a 2025-era caller's session; for sessionless 2026 callers, the
+token), so ids of two servers never meet and one client cannot read, answer or cancel another's
+task. Requests about a task go to its server under the server's own id, with the rest of their
+parameters unchanged, and every task in an answer is shown under the caller's id.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ class Tasks:
         self._by_upstream: dict[tuple[str, str], str] = {}
 
     def publish(self, result: Json, server: str, owner: str) -> Json:
-        """A server's answer with its task (`task`, or the task fields of a `tasks/get` answer) under our id."""
+        """A server's answer with its task (`task`, or a task's own fields at the top) under our id."""
         task = result.get("task")
         if isinstance(task, dict) and isinstance(task.get("taskId"), str):
             return {**result, "task": {**task, "taskId": self._public(server, task["taskId"], owner)}}
@@ -75,21 +78,32 @@ class Tasks:
         return [(public, ref) for public, ref in self._refs.items() if ref.owner == owner]
 
     async def request(
-        self, registry: Registry, method: str, public: str, caller: Caller, version: str, *, draining: bool
+        self,
+        registry: Registry,
+        method: str,
+        params: Json,
+        owner: str,
+        caller: Caller,
+        version: str,
+        *,
+        draining: bool,
     ) -> Json:
-        """`tasks/get`, `tasks/result` or `tasks/cancel` of one task, sent to its server under the server's id."""
-        ref = self.resolve(public, caller.session)
-        result = await forward(
-            registry, ref.server, method, {"taskId": ref.upstream_id}, version, caller, draining=draining
-        )
+        """A request about one task (`tasks/get`, `tasks/result`, `tasks/update`, `tasks/cancel`), sent to its
+        server under the server's id with its other parameters unchanged."""
+        public = params.get("taskId")
+        if not isinstance(public, str):
+            raise MCPError(types.INVALID_PARAMS, f"{method} needs a `taskId`")
+        ref = self.resolve(public, owner)
+        forwarded = {**{k: v for k, v in params.items() if k != "_meta"}, "taskId": ref.upstream_id}
+        result = await forward(registry, ref.server, method, forwarded, version, caller, draining=draining)
         if method == "tasks/result":
             return result
-        return self.publish(result, ref.server, caller.session)
+        return self.publish(result, ref.server, owner)
 
-    async def listing(self, registry: Registry, caller: Caller, version: str) -> Json:
+    async def listing(self, registry: Registry, owner: str, version: str) -> Json:
         """`tasks/list`: the caller's tasks, each as its server reports it now (one its server forgot is left out)."""
         tasks = []
-        for public, ref in self.owned(caller.session):
+        for public, ref in self.owned(owner):
             try:
                 state = await forward(registry, ref.server, "tasks/get", {"taskId": ref.upstream_id}, version)
             except MCPError:

@@ -297,6 +297,16 @@ class Frontend:
 
     async def _task(self, ctx: ServerRequestContext[Any], method: str) -> Any:
         params = ctx.params if isinstance(ctx.params, dict) else {}
+        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            if TASKS_EXTENSION not in (declared_capabilities(ctx).get("extensions") or {}):
+                raise MCPError(
+                    types.MISSING_REQUIRED_CLIENT_CAPABILITY,
+                    f"{method} needs the {TASKS_EXTENSION} extension, which this request does not declare",
+                    {"requiredCapabilities": {"extensions": {TASKS_EXTENSION: {}}}},
+                )
+            named = ctx.request.headers.get("mcp-name") if ctx.request is not None else None
+            if ctx.request is not None and named != params.get("taskId"):
+                raise MCPError(types.HEADER_MISMATCH, f"the Mcp-Name header does not match {method}'s taskId")
         return await self.tasks.request(
             self.registry,
             method,

@@ -246,11 +246,12 @@ class Shortcut:
 
 
 def _talks(meta: Json | None) -> bool:
-    """Whether a 2026 request opted in to log lines or declares capabilities a server may ask through."""
+    """Whether a 2026 request opted in to log lines, declares capabilities a server may ask through, or
+    extensions (a task, say) whose answers the SDK path shapes."""
     if not meta:
         return False
     capabilities = meta.get(CAPABILITIES_KEY)
-    asks = isinstance(capabilities, dict) and any(k in capabilities for k in ASKING)
+    asks = isinstance(capabilities, dict) and any(k in capabilities for k in (*ASKING, "extensions"))
     return asks or LOG_LEVEL_KEY in meta
 
 

@@ -35,6 +35,7 @@ from mcp.client._probe import negotiate_auto
 from mcp.client.session import _later_revision_fields
 from mcp.server.streamable_http import StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.shared.inbound import MCP_NAME_HEADER, encode_header_value
 from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 
 from gateway.upstream.errors import AnswerLost, ChannelError, HttpStatus, SessionExpired
@@ -91,12 +92,21 @@ def caller_capabilities(session: ClientSession) -> None:
 
 
 async def send_unchecked(
-    session: ClientSession, method: str, params: Json, *, timeout: float | None = None, progress: Any = None
+    session: ClientSession,
+    method: str,
+    params: Json,
+    *,
+    timeout: float | None = None,
+    progress: Any = None,
+    name: str | None = None,
 ) -> Json:
-    """Send a request through `session` and return its result as the wire dict, unvalidated. Raises `MCPError`."""
+    """Send a request through `session` and return its result as the wire dict, unvalidated; `name` is its
+    `Mcp-Name` header where the SDK's stamp sets none (a task id). Raises `MCPError`."""
     message: Json = {"method": method, "params": dict(params)}
     options: Any = {}
     session._stamp(message, options)
+    if name is not None:
+        options.setdefault("headers", {}).setdefault(MCP_NAME_HEADER, encode_header_value(name))
     if timeout is not None:
         options["timeout"] = timeout
     if progress is not None:

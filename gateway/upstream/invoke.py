@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 Json = dict[str, Any]
 RAW: TypeAdapter[Any] = TypeAdapter(dict[str, Any])
-TASK_METHODS = frozenset({"tasks/get", "tasks/result", "tasks/cancel", "tasks/list"})
+TASK_METHODS = frozenset({"tasks/get", "tasks/result", "tasks/update", "tasks/cancel", "tasks/list"})
 FIRST_ID = 2**40  # ids of calls on the lean channels: far from the SDK session's own
 CANCEL_REASON = "the gateway's caller cancelled or timed out"
 
@@ -166,7 +166,9 @@ class Invoker:
                     return self._result_of(method, await self._over_channel(session, channel, params, on_progress))
                 if method in TASK_METHODS or "task" in params:
                     # Task results are outside the SDK's tables: sent unchecked, shape-checked here.
-                    raw = await send_unchecked(session, method, params, progress=on_progress)
+                    task_id = params.get("taskId")
+                    name = task_id if isinstance(task_id, str) else None
+                    raw = await send_unchecked(session, method, params, progress=on_progress, name=name)
                     return self._result_of(method, {"result": raw})
                 request = types.client_request_adapter.validate_python({"method": method, "params": params})
                 return self._result_of(method, {"result": await send_raw(session, request, progress=on_progress)})

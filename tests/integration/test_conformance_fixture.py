@@ -8,15 +8,17 @@ front of it is a separate test. The suite runs with Node 22 from
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import anyio
 import mcp.types as types
 import pytest
-from mcp import Client, StdioServerParameters
+from mcp import Client, MCPError, StdioServerParameters
 from mcp.client import ClientRequestContext, IncomingMessage
+from mcp.client.extension import ClaimContext, ClientExtension, NotificationBinding, ResultClaim
+from pydantic import TypeAdapter
 
 from tests.conformance import (
     FIXTURE,
@@ -46,6 +48,9 @@ def test_every_scored_scenario_passes(fixture_url: str, tmp_path: Path, requirem
     assert not result.timed_out, result.table()
     assert sorted(s.name for s in result.scored) == sorted(scored)
     assert result.ok, result.table()
+    if requirements == "2026-07-28":  # the tasks extension's scenarios are not scored, but the fixture passes them
+        tasks = [s for s in result.not_scored if s.name.startswith("tasks-")]
+        assert len(tasks) == 10 and all(s.passed for s in tasks), result.table(verbose=True)
 
 
 @needs_suite
@@ -194,3 +199,212 @@ async def test_change_notifications_reach_a_2026_listener(fixture_url: str) -> N
                 if len(events) == 2:
                     break
     assert [type(e).__name__ for e in events] == ["ToolsListChanged", "ResourceUpdated"]
+
+
+# --------------------------------------------------------------------------- the tasks extension (SEP-2663)
+
+TASKS = "io.modelcontextprotocol/tasks"
+RAW: TypeAdapter[Any] = TypeAdapter(dict[str, Any])  # results pass through as dicts
+TERMINAL = ("completed", "failed", "cancelled")
+
+
+class TaskIdParams(types.RequestParams):
+    task_id: str
+
+
+class UpdateTaskParams(TaskIdParams):
+    input_responses: dict[str, Any]
+
+
+class ListenParams(types.RequestParams):
+    notifications: dict[str, Any]
+
+
+class GetTask(types.Request[TaskIdParams, Literal["tasks/get"]]):
+    method: Literal["tasks/get"] = "tasks/get"
+    name_param = "taskId"  # the SDK client then sends `Mcp-Name: <taskId>`, as SEP-2663 requires
+
+
+class UpdateTask(types.Request[UpdateTaskParams, Literal["tasks/update"]]):
+    method: Literal["tasks/update"] = "tasks/update"
+    name_param = "taskId"
+
+
+class CancelTask(types.Request[TaskIdParams, Literal["tasks/cancel"]]):
+    method: Literal["tasks/cancel"] = "tasks/cancel"
+    name_param = "taskId"
+
+
+class ListenForTasks(types.Request[ListenParams, Literal["subscriptions/listen"]]):
+    method: Literal["subscriptions/listen"] = "subscriptions/listen"
+
+
+class CreateTaskResult(types.Result):
+    result_type: Literal["task"] = "task"
+    task_id: str
+    status: str
+
+
+class TaskStatus(types.NotificationParams):
+    task_id: str
+    status: str
+    result: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    input_requests: dict[str, Any] | None = None
+
+
+class TasksClient(ClientExtension):
+    """A minimal client side of the extension: declares it, resolves task results by polling, records status pushes."""
+
+    identifier = TASKS
+
+    def __init__(self) -> None:
+        self.statuses: list[TaskStatus] = []
+
+    def claims(self) -> Sequence[ResultClaim[Any]]:
+        return [ResultClaim(result_type="task", model=CreateTaskResult, resolve=self.resolve)]
+
+    def notifications(self) -> Sequence[NotificationBinding[Any]]:
+        return [NotificationBinding(method="notifications/tasks", params_type=TaskStatus, handler=self.on_status)]
+
+    async def on_status(self, params: TaskStatus) -> None:
+        self.statuses.append(params)
+
+    async def resolve(self, created: CreateTaskResult, ctx: ClaimContext) -> types.CallToolResult:
+        task = await poll(ctx.session, created.task_id, *TERMINAL)
+        if task["status"] == "failed":
+            raise MCPError(task["error"]["code"], task["error"]["message"], task["error"].get("data"))
+        if task["status"] == "cancelled":
+            raise MCPError(types.INTERNAL_ERROR, "task cancelled")
+        return types.CallToolResult.model_validate(task["result"])
+
+
+async def poll(session: Any, task_id: str, *statuses: str) -> dict[str, Any]:
+    with anyio.fail_after(10):
+        while True:
+            task: dict[str, Any] = await session.send_request(GetTask(params=TaskIdParams(task_id=task_id)), RAW)
+            assert task["resultType"] == "complete" and task["taskId"] == task_id
+            if task["status"] in statuses or task["status"] in TERMINAL:
+                return task
+            await anyio.sleep(0.05)
+
+
+async def create_task(client: Client, name: str, arguments: dict[str, Any]) -> str:
+    request = types.CallToolRequest(params=types.CallToolRequestParams(name=name, arguments=arguments))
+    created = await client.session.send_request(request, RAW)
+    assert created["resultType"] == "task" and created["status"] == "working", created
+    assert {"ttlMs", "pollIntervalMs", "createdAt", "lastUpdatedAt"} <= created.keys() and "requestState" not in created
+    task_id: str = created["taskId"]
+    return task_id
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("transport", ["http", "stdio"])
+async def test_tasks_for_a_client_that_declares_the_extension(fixture_url: str, transport: str) -> None:
+    async with Client(
+        target_for(transport, fixture_url), cache=None, extensions=[TasksClient()], elicitation_callback=on_elicitation
+    ) as client:
+        caps = client.session.server_capabilities
+        assert caps is not None and caps.extensions == {TASKS: {}}
+        # call_tool resolves the claimed CreateTaskResult through the extension (tasks/get until terminal).
+        done = await client.call_tool("slow_compute", {"seconds": 0.2, "label": "x"})
+        assert texts(done) == "slow_compute finished after 0.2 s (x)"
+        assert (await client.call_tool("failing_job", {})).is_error  # a tool error: `completed` + isError
+        with pytest.raises(MCPError) as failed:  # a protocol error: `failed` + the JSON-RPC error inlined
+            await client.call_tool("protocol_error_job", {})
+        assert failed.value.code == types.INTERNAL_ERROR
+        # MRTR first (answered by the elicitation callback), then a task; the answer reaches the task's result.
+        assert texts(await client.call_tool("test_tool_with_task", {})) == "Hello, blue! (greeted from a task)"
+        assert texts(await client.call_tool("greet", {"name": "Ann"})) == "Hello, Ann!"  # sync-only
+
+        # Input inside a task: input_required on tasks/get, answered by tasks/update, one key at a time.
+        task_id = await create_task(client, "multi_input", {})
+        asked = await poll(client.session, task_id, "input_required")
+        assert asked["status"] == "input_required" and sorted(asked["inputRequests"]) == ["confirm", "name"]
+        assert asked["inputRequests"]["name"]["method"] == "elicitation/create"
+        answer = {"action": "accept", "content": {"name": "Ann"}}
+        update = UpdateTask(params=UpdateTaskParams(task_id=task_id, input_responses={"name": answer, "bogus": 1}))
+        assert await client.session.send_request(update, RAW) == {"resultType": "complete", "_meta": ANY_META}
+        partial = await poll(client.session, task_id, "input_required")
+        assert list(partial["inputRequests"]) == ["confirm"]
+        answer = {"action": "accept", "content": {"confirm": True}}
+        update = UpdateTask(params=UpdateTaskParams(task_id=task_id, input_responses={"confirm": answer}))
+        await client.session.send_request(update, RAW)
+        finished = await poll(client.session, task_id, "completed")
+        assert finished["result"]["content"][0]["text"] == "name=Ann; confirm=True"
+
+        # Cancellation: an empty ack, then `cancelled`; again on a terminal task: the same ack.
+        task_id = await create_task(client, "slow_compute", {"seconds": 60})
+        cancel = CancelTask(params=TaskIdParams(task_id=task_id))
+        assert (await client.session.send_request(cancel, RAW))["resultType"] == "complete"
+        assert (await poll(client.session, task_id))["status"] == "cancelled"
+        assert "taskId" not in await client.session.send_request(cancel, RAW)
+        with pytest.raises(MCPError) as unknown:
+            await client.session.send_request(GetTask(params=TaskIdParams(task_id="no-such-task")), RAW)
+        assert unknown.value.code == types.INVALID_PARAMS
+
+
+class _AnyMeta:
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, dict)
+
+
+ANY_META: Any = _AnyMeta()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("transport", ["http", "stdio"])
+async def test_task_status_notifications_ride_a_listen_stream(fixture_url: str, transport: str) -> None:
+    tasks = TasksClient()
+    async with Client(
+        target_for(transport, fixture_url), cache=None, extensions=[tasks], elicitation_callback=on_elicitation
+    ) as client:
+        task_id = await create_task(client, "confirm_delete", {"filename": "a.txt"})
+        listen = ListenForTasks(params=ListenParams(notifications={"taskIds": [task_id, "not-mine"]}))
+
+        async def listen_stream() -> None:
+            await client.session.send_request(listen, RAW)  # returns only when the stream ends
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(listen_stream)
+            with anyio.fail_after(5):
+                while not any(s.status == "input_required" for s in tasks.statuses):
+                    await anyio.sleep(0.02)
+                asked = next(s for s in tasks.statuses if s.status == "input_required")
+                assert asked.task_id == task_id and asked.input_requests is not None
+                key = next(iter(asked.input_requests))
+                answer = {"action": "accept", "content": {"confirm": True}}
+                update = UpdateTask(params=UpdateTaskParams(task_id=task_id, input_responses={key: answer}))
+                await client.session.send_request(update, RAW)
+                while tasks.statuses[-1].status != "completed":
+                    await anyio.sleep(0.02)
+            group.cancel_scope.cancel()
+    final = tasks.statuses[-1]
+    assert final.task_id == task_id and final.result is not None
+    assert final.result["content"][0]["text"] == "Deleted a.txt"
+    assert (
+        final.meta is not None and "io.modelcontextprotocol/subscriptionId" in final.model_dump(by_alias=True)["_meta"]
+    )
+
+
+@pytest.mark.anyio
+async def test_tasks_need_the_extension(fixture_url: str) -> None:
+    """Without the extension: no tasks, -32021 for required-task tools and the tasks/* methods; legacy: -32601."""
+    async with Client(fixture_url, cache=None) as client:
+        assert texts(await client.call_tool("slow_compute", {"seconds": 0})) == "slow_compute finished after 0 s"
+        for call in (
+            client.call_tool("failing_job", {}),
+            client.session.send_request(GetTask(params=TaskIdParams(task_id="t")), RAW),
+            client.session.send_request(ListenForTasks(params=ListenParams(notifications={"taskIds": ["t"]})), RAW),
+        ):
+            with pytest.raises(MCPError) as refused:
+                await call
+            assert refused.value.code == types.MISSING_REQUIRED_CLIENT_CAPABILITY
+            assert refused.value.data == {"requiredCapabilities": {"extensions": {TASKS: {}}}}
+    async with Client(fixture_url, mode="legacy", cache=None, elicitation_callback=on_elicitation) as client:
+        caps = client.session.server_capabilities
+        assert caps is not None and not caps.extensions
+        assert texts(await client.call_tool("confirm_delete", {"filename": "b"})) == "Deleted b"  # inline elicitation
+        with pytest.raises(MCPError) as missing:
+            await client.session.send_request(GetTask(params=TaskIdParams(task_id="t")), RAW)
+        assert missing.value.code == types.METHOD_NOT_FOUND
