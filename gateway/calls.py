@@ -27,6 +27,7 @@ from gateway import __version__
 from gateway.access import View
 from gateway.backoff import Backoff
 from gateway.catalog import Entry
+from gateway.conversations import CONVERSATION
 from gateway.internals.sdk import CALLER_CAPABILITIES, later_revision_fields
 from gateway.labels import META_PREFIX
 from gateway.logs import get_logger
@@ -346,15 +347,24 @@ async def forward_call(
     if caller is not None:
         meta = with_log_level(meta, caller, upstream)
     in_flight = caller if caller is not None else Mute()
-    started = time.perf_counter()
-    outcome = "cancelled"
-    try:
+
+    async def exchange(upstream: Upstream) -> Json:
         with upstream.callers.serving(in_flight):
             raw = await call_with_retries(upstream, entry, arguments, meta, relay, extra, lean=not talks(caller))
             if caller is not None and version not in MODERN_PROTOCOL_VERSIONS:
                 raw = await answer_rounds(upstream, entry, arguments, meta, relay, caller, raw)
             if caller is not None:
                 await upstream.callers.settle()
+            return raw
+
+    started = time.perf_counter()
+    outcome = "cancelled"
+    try:
+        if upstream.spec.isolation == "conversation" and (conversation := CONVERSATION.get()) is not None:
+            async with registry.conversations.using(upstream, conversation) as own:
+                raw = await exchange(own)
+        else:
+            raw = await exchange(upstream)
         outcome = "tool_error" if raw.get("isError") else "ok"
     except CallFailed as failure:
         outcome = failure.outcome

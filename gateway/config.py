@@ -75,6 +75,7 @@ class RelaySpec(BaseModel):
 
 
 Protocol = Literal["auto", "2025-11-25", "2026-07-28"]
+Isolation = Literal["shared", "conversation"]
 
 
 class ServerSpec(BaseModel):
@@ -108,6 +109,9 @@ class ServerSpec(BaseModel):
     disabled: bool = False
     relay: RelaySpec = RelaySpec.model_validate({})
     protocol: Protocol = "auto"
+    isolation: Isolation = "shared"
+    idle_timeout: Seconds = 300.0
+    max_instances: int = Field(64, ge=1)
 
     @model_validator(mode="after")
     def _check(self) -> ServerSpec:

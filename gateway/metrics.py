@@ -42,6 +42,21 @@ class Metrics:
             ["server", "outcome"],
             registry=r,
         )
+        self.conversation_instances = Gauge(
+            "manifold_conversation_instances",
+            "Open per-conversation connections of a server with isolation: conversation",
+            ["server"],
+            registry=r,
+        )
+        self.instance_starts = Counter(
+            "manifold_conversation_instance_starts", "Per-conversation connections started", ["server"], registry=r
+        )
+        self.instance_stops = Counter(
+            "manifold_conversation_instance_stops",
+            "Per-conversation connections stopped, by reason (idle, session_end, failed, server_gone, shutdown)",
+            ["server", "reason"],
+            registry=r,
+        )
         self.tools_changes = Counter(
             "manifold_tools_changes", "Times a server's offered tools changed", ["server"], registry=r
         )
@@ -83,6 +98,9 @@ class Metrics:
             (self.upstream_tools, ("server",)),
             (self.upstream_connects, ("server", "outcome")),
             (self.tools_changes, ("server",)),
+            (self.conversation_instances, ("server",)),
+            (self.instance_starts, ("server",)),
+            (self.instance_stops, ("server", "reason")),
             (self.tool_calls, ("server", "tool", "outcome")),
             (self.call_duration, ("server",)),
             (self.call_retries, ("server",)),
@@ -137,6 +155,21 @@ class Metrics:
         """Count one retried call attempt (not for a removed server)."""
         if server in self._servers:
             self.call_retries.labels(server).inc()
+
+    def set_instances(self, server: str, count: int) -> None:
+        """Set a server's number of open per-conversation connections (not for a removed server)."""
+        if server in self._servers:
+            self.conversation_instances.labels(server).set(count)
+
+    def count_instance_start(self, server: str) -> None:
+        """Count one per-conversation connection started (not for a removed server)."""
+        if server in self._servers:
+            self.instance_starts.labels(server).inc()
+
+    def count_instance_stop(self, server: str, reason: str) -> None:
+        """Count one per-conversation connection stopped, by reason (not for a removed server)."""
+        if server in self._servers:
+            self.instance_stops.labels(server, reason).inc()
 
     def count_connect(self, server: str, outcome: str) -> None:
         """Count one connection attempt by outcome, `ok` or `error` (not for a removed server)."""

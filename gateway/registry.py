@@ -11,6 +11,7 @@ import anyio.abc
 
 from gateway.catalog import Catalog, Collision, Json, ToolSet
 from gateway.config import ServerSpec
+from gateway.conversations import Conversations
 from gateway.egress import EgressPolicy
 from gateway.logs import get_logger
 from gateway.metrics import Metrics
@@ -44,6 +45,7 @@ class Registry:
         self.catalog = Catalog()
         self._fast = fast
         self.metrics = Metrics()
+        self.conversations = Conversations(self.metrics, environ, credentials or {}, fast=fast)
         self.upstreams: dict[str, Upstream] = {}
         self._environ = environ
         self._credentials = credentials or {}
@@ -125,6 +127,7 @@ class Registry:
                 upstream.scope.cancel()
                 await upstream.stopped.wait()
         del self.upstreams[name]
+        self.conversations.forget(name)
         self._published.pop(name, None)
         if forget:
             self.metrics.remove_server(name)
@@ -171,6 +174,7 @@ class Registry:
         """Start every upstream in the background; stop them all on exit."""
         async with anyio.create_task_group() as tg:
             self._tg = tg
+            tg.start_soon(self.conversations.run)
             for upstream in self.upstreams.values():
                 self._start(upstream)
             try:

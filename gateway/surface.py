@@ -18,6 +18,7 @@ from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 
 from gateway.access import View
 from gateway.calls import SERVER_INFO, SERVER_INFO_KEY, Draining, with_log_level
+from gateway.conversations import CONVERSATION
 from gateway.internals.sdk import CALLER_CAPABILITIES, later_revision_fields
 from gateway.labels import META_PREFIX
 from gateway.logs import get_logger
@@ -84,16 +85,25 @@ async def forward(
         meta = with_log_level(params.get("_meta") or {}, caller, upstream)
         params = {**params, "_meta": meta} if meta else params
     try:
-        with upstream.callers.serving(caller):
-            raw = await upstream.request(method, params)
-            if caller is not None:
-                await upstream.callers.settle()
+        if upstream.spec.isolation == "conversation" and (conversation := CONVERSATION.get()) is not None:
+            async with registry.conversations.using(upstream, conversation) as own:
+                raw = await _exchange(own, method, params, caller)
+        else:
+            raw = await _exchange(upstream, method, params, caller)
     except CallFailed as failure:
         log.info("request failed", server=server, method=method, reason=str(failure))
         raise MCPError(types.INTERNAL_ERROR, str(failure)) from None
     except MCPError as e:
         raise MCPError(e.code, describe(e), e.error.data) from None
     return shape(raw, method, server, upstream.spec.trusted, version)
+
+
+async def _exchange(upstream: Upstream, method: str, params: Json, caller: Caller | None) -> Json:
+    with upstream.callers.serving(caller):
+        raw = await upstream.request(method, params)
+        if caller is not None:
+            await upstream.callers.settle()
+        return raw
 
 
 def _with_meta(params: Json, meta: Mapping[str, Any] | None) -> Json:

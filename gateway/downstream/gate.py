@@ -247,6 +247,8 @@ class AuthGate:
             await send(message)
 
         await self.app(scope, receive, send_watching)
+        if scope["method"] == "DELETE" and session is not None:
+            self.sessions.ended(session)
 
 
 async def _read_body(receive: Receive, limit: int) -> bytes | None:

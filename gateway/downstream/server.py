@@ -29,6 +29,7 @@ from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 from gateway import surface
 from gateway.access import OPEN_VIEW, View
 from gateway.calls import SERVER_INFO, call_tool, forwardable_meta
+from gateway.conversations import CONVERSATION, conversation_key
 from gateway.downstream.callers import SessionCaller, declared_capabilities
 from gateway.downstream.gate import view_of
 from gateway.downstream.held import HeldCalls
@@ -194,6 +195,8 @@ class Frontend:
         self.server.middleware = [self._track_sessions]
         registry.on_catalog_change(self.broadcast_tools_changed)
         registry.on_resource_updated(self.resource_updated)
+        registry.conversations.alive = self._conversation_alive
+        self.sessions.on_end = lambda session_id: registry.conversations.end(f"session:{session_id}")
         registry.metrics.downstream_sessions.set_function(self.sessions.count)
 
     def _input_schema(self, name: str) -> Mapping[str, Any] | None:
@@ -270,6 +273,12 @@ class Frontend:
             if (entry := self.registry.catalog.resolve(params.name)) is not None:
                 result = self.tasks.publish(result, entry.server, self._owner(ctx))
             return result
+
+    def _conversation_alive(self, conversation: str) -> bool:
+        """A 2025 session's conversation lasts as long as the session; a token's, until idle."""
+        if conversation.startswith("session:"):
+            return self.sessions.live(conversation.removeprefix("session:"))
+        return True
 
     def _owner(self, ctx: ServerRequestContext[Any]) -> str:
         """Whose a task is: a 2025-era caller's session, else (sessionless) the caller's token."""
@@ -492,6 +501,13 @@ class Frontend:
 
     async def _track_sessions(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
         self.registry.metrics.count_request(ctx.method)
+        legacy_session = (
+            ctx.request.headers.get(SESSION_HEADER)
+            if ctx.request is not None and ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS
+            else None
+        )
+        meta = ctx.meta if isinstance(ctx.meta, dict) else None
+        CONVERSATION.set(conversation_key(legacy_session, request_view(ctx).name, meta))
         if ctx.method in ("initialize", "server/discover"):
             return self._narrowed(await call_next(ctx), request_view(ctx))
         if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS and ctx.request is not None:

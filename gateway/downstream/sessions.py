@@ -8,7 +8,7 @@ has closed are pruned whenever the sessions are counted or told of a change, and
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +48,7 @@ class Sessions:
         self._manager: StreamableHTTPSessionManager | None = None
         self._by_id: dict[str, Session] = {}
         self._prune_at = 64
+        self.on_end: Callable[[str], None] = lambda session_id: None
 
     def attach(self, manager: StreamableHTTPSessionManager) -> None:
         """Read liveness from this SDK session manager."""
@@ -124,6 +125,18 @@ class Sessions:
         live = session_transports(self._manager)
         for session_id in [s for s in self._by_id if s not in live]:
             del self._by_id[session_id]
+
+    def ended(self, session_id: str) -> None:
+        """The client deleted the session: forget it and tell `on_end` at once."""
+        self._by_id.pop(session_id, None)
+        self.on_end(session_id)
+
+    def live(self, session_id: str) -> bool:
+        """Whether the SDK still holds the session open (True before the SDK's table is attached)."""
+        if self._manager is None:
+            return True
+        transport = session_transports(self._manager).get(session_id)
+        return transport is not None and not transport.is_terminated
 
     def count(self) -> int:
         """Open 2025-era sessions."""

@@ -33,6 +33,7 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.calls import admit, forward_call, forwardable_meta
+from gateway.conversations import CONVERSATION, conversation_key
 from gateway.downstream.gate import MESSAGE_KEY, view_of
 from gateway.downstream.server import Frontend
 from gateway.jsonrpc import INTERNAL_ERROR, REQUEST_CANCELLED, encode
@@ -185,6 +186,7 @@ class Shortcut:
             if schema is not None and validate_mcp_param_headers(schema, arguments or {}, headers) is not None:
                 return False  # the SDK words the header mismatch
         self.registry.metrics.count_request(method)
+        CONVERSATION.set(conversation_key(session_id, view.name, meta))
         key = (session_id, request_id) if session_id is not None else None
         result: Json | None = None
         failure: MCPError | None = None

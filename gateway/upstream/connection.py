@@ -128,6 +128,7 @@ class Upstream:
         self._metrics = metrics
         self._credentials = credentials or {}
         self._egress = egress
+        self.egress = egress
         self.scope: anyio.CancelScope | None = None
         self.stopped = anyio.Event()
         self.name = spec.name

@@ -1,0 +1,196 @@
+"""Per-conversation upstreams: a server with `isolation: conversation` runs one connection per conversation.
+
+Stateful servers (a browser, a shell, a login) must not be shared between agents. For such a server
+each conversation gets its own connection (stdio: its own process; HTTP: its own session), started
+on the conversation's first request to it and closed when the conversation ends (its 2025 session is
+deleted or expires) or after `idle_timeout` without a request. The server's listing comes from its
+shared connection, so listing tools never starts a process per caller.
+
+What a conversation is: a 2025-era client's `Mcp-Session-Id`; for a sessionless 2026-07-28 client,
+its token plus the id it sends in `_meta["manifold/conversation"]` (one conversation per token when
+it sends none).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from gateway.logs import get_logger
+from gateway.metrics import Metrics
+from gateway.upstream.connection import Upstream
+from gateway.upstream.errors import CallFailed, State
+
+log = get_logger("conversations")
+CONVERSATION_META = "manifold/conversation"
+# The conversation of the request being served, set by the downstream paths.
+CONVERSATION: ContextVar[str | None] = ContextVar("manifold_conversation", default=None)
+REAP_EVERY = 0.5
+
+
+def conversation_key(session_id: str | None, view: str, meta: Mapping[str, Any] | None) -> str:
+    """The conversation a request belongs to: its 2025 session, else its token and the id it sends (if any)."""
+    if session_id:
+        return f"session:{session_id}"
+    given = meta.get(CONVERSATION_META) if meta else None
+    if isinstance(given, str) and given:
+        return f"token:{view}:{given[:128]}"
+    return f"token:{view}"
+
+
+@dataclass
+class Instance:
+    """One conversation's connection to one server."""
+
+    upstream: Upstream
+    scope: anyio.CancelScope
+    used: float = field(default_factory=time.monotonic)
+    busy: int = 0
+
+
+async def _unchanged(_: Upstream) -> None:
+    return None
+
+
+class Conversations:
+    """Every per-conversation connection, by (server, conversation)."""
+
+    def __init__(
+        self,
+        metrics: Metrics,
+        environ: Mapping[str, str] | None,
+        credentials: Mapping[str, Any],
+        *,
+        fast: bool = True,
+    ) -> None:
+        self._metrics = metrics
+        self._environ = environ
+        self._credentials = credentials
+        self._fast = fast
+        self._instances: dict[tuple[str, str], Instance] = {}
+        self._starting: dict[tuple[str, str], anyio.Event] = {}
+        self._tg: anyio.abc.TaskGroup | None = None
+        self.alive: Callable[[str], bool] = lambda key: True
+
+    def count(self, server: str | None = None) -> int:
+        """Open instances (of one server, or of all)."""
+        return sum(1 for s, _ in self._instances if server is None or s == server)
+
+    async def run(self) -> None:
+        """Own the instances' tasks and close idle ones and those of ended conversations; until cancelled."""
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            try:
+                while True:
+                    await anyio.sleep(REAP_EVERY)
+                    self._reap()
+            finally:
+                self._tg = None
+                for key in list(self._instances):
+                    self._close(key, "shutdown")
+
+    def _reap(self) -> None:
+        now = time.monotonic()
+        for key, instance in list(self._instances.items()):
+            if not self.alive(key[1]):
+                self._close(key, "session_end")
+            elif not instance.busy and now - instance.used > instance.upstream.spec.idle_timeout:
+                self._close(key, "idle")
+
+    def end(self, conversation: str) -> None:
+        """The conversation ended: close every connection it had."""
+        for key in [k for k in self._instances if k[1] == conversation]:
+            self._close(key, "session_end")
+
+    def forget(self, server: str) -> None:
+        """The server was removed or restarted: close its instances."""
+        for key in [k for k in self._instances if k[0] == server]:
+            self._close(key, "server_gone")
+
+    def _close(self, key: tuple[str, str], reason: str) -> None:
+        instance = self._instances.pop(key, None)
+        if instance is None:
+            return
+        instance.scope.cancel()
+        self._metrics.count_instance_stop(key[0], reason)
+        self._metrics.set_instances(key[0], self.count(key[0]))
+        log.info("conversation instance stopped", server=key[0], reason=reason)
+
+    @asynccontextmanager
+    async def using(self, shared: Upstream, conversation: str) -> AsyncIterator[Upstream]:
+        """The conversation's own connection to `shared`'s server for the block (it is not reaped meanwhile)."""
+        instance = await self._instance(shared, conversation)
+        instance.busy += 1
+        try:
+            yield instance.upstream
+        finally:
+            instance.busy -= 1
+            instance.used = time.monotonic()
+
+    async def _instance(self, shared: Upstream, conversation: str) -> Instance:
+        """The conversation's own connection to `shared`'s server, started (and waited for) on first use.
+
+        Raises `CallFailed`: busy at `max_instances`, unavailable when it does not come up in time.
+        """
+        spec = shared.spec
+        key = (spec.name, conversation)
+        while (starting := self._starting.get(key)) is not None:
+            await starting.wait()
+        instance = self._instances.get(key)
+        if instance is not None and instance.upstream.state is State.UP:
+            instance.used = time.monotonic()
+            return instance
+        if instance is not None:
+            self._close(key, "failed")
+        if self.count(spec.name) >= spec.max_instances:
+            raise CallFailed(
+                f"server '{spec.name}' is busy: it runs its limit of {spec.max_instances} conversations "
+                "(max_instances); try again when one ends",
+                outcome="busy",
+                transient=False,
+            )
+        if self._tg is None:
+            raise CallFailed(
+                f"server '{spec.name}' is unavailable: the gateway is stopping", outcome="unavailable", transient=False
+            )
+        self._starting[key] = started = anyio.Event()
+        try:
+            upstream = Upstream(
+                spec,
+                _unchanged,
+                self._environ,
+                credentials=self._credentials,
+                egress=shared.egress,
+                source=shared.source,
+                fast=self._fast,
+            )
+            scope = anyio.CancelScope()
+            instance = self._instances[key] = Instance(upstream, scope)
+            self._tg.start_soon(self._own, upstream, scope)
+            self._metrics.count_instance_start(spec.name)
+            self._metrics.set_instances(spec.name, self.count(spec.name))
+            log.info("conversation instance started", server=spec.name)
+            if not await upstream.wait_up(spec.startup_timeout):
+                self._close(key, "failed")
+                raise CallFailed(
+                    f"server '{spec.name}' is unavailable: its instance for this conversation did not start "
+                    f"({upstream.error or 'no answer within startup_timeout'})",
+                    outcome="unavailable",
+                    transient=False,
+                )
+            instance.used = time.monotonic()
+            return instance
+        finally:
+            del self._starting[key]
+            started.set()
+
+    async def _own(self, upstream: Upstream, scope: anyio.CancelScope) -> None:
+        with scope:
+            await upstream.run()
