@@ -78,6 +78,7 @@ class Conversations:
         self._starting: dict[tuple[str, str], anyio.Event] = {}
         self._tg: anyio.abc.TaskGroup | None = None
         self.alive: Callable[[str], bool] = lambda key: True
+        self.max_total = 256  # every server's conversations together
 
     def count(self, server: str | None = None) -> int:
         """Open instances (of one server, or of all)."""
@@ -153,6 +154,13 @@ class Conversations:
             raise CallFailed(
                 f"server '{spec.name}' is busy: it runs its limit of {spec.max_instances} conversations "
                 "(max_instances); try again when one ends",
+                outcome="busy",
+                transient=False,
+            )
+        if len(self._instances) >= self.max_total:
+            raise CallFailed(
+                f"server '{spec.name}' is busy: the gateway runs its limit of {self.max_total} conversation "
+                "connections over all servers (max_instances setting); try again when one ends",
                 outcome="busy",
                 transient=False,
             )

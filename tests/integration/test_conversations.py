@@ -68,7 +68,7 @@ async def test_two_sessions_have_their_own_process_and_state(tmp_path: Path) -> 
             assert len(fixture_processes(marker)) == 3  # the listing's own, a's and b's
             assert await a.tool_names() == await b.tool_names()
         # Both sessions ended (their clients deleted them): their processes are gone within a second or so.
-        await wait_until(lambda: len(fixture_processes(marker)) == 1, 5, "the conversations' processes to stop")
+        await wait_until(lambda: len(fixture_processes(marker)) == 1, 2, "the conversations' processes to stop")
         assert metric(gw, 'manifold_conversation_instance_stops_total{reason="session_end"') == 2
         assert metric(gw, "manifold_conversation_instances{") == 0
 
@@ -100,6 +100,18 @@ async def test_idle_conversations_stop_and_max_instances_is_a_clear_busy_error(t
             await wait_until(lambda: len(fixture_processes(marker)) == 1, 6, "the idle instance to stop")
             assert metric(gw, 'manifold_conversation_instance_stops_total{reason="idle"') == 1
             assert text(await c.call("state__count", meta={"manifold/conversation": "two"})) == "1"
+
+
+async def test_the_gateway_wide_limit_holds_across_servers(tmp_path: Path) -> None:
+    marker = f"iso-{os.getpid()}-e"
+    config = isolated(marker)
+    config["servers"]["other"] = {**config["servers"]["state"]}
+    with run_gateway(tmp_path, config, env={"MANIFOLD_MAX_INSTANCES": "1"}) as gw:
+        wait_ready(gw)
+        async with connect(gw.url, MODERN) as c:
+            assert text(await c.call("state__count")) == "1"
+            busy = await c.call("other__count")
+            assert busy.is_error is True and "limit of 1 conversation connections over all servers" in text(busy)
 
 
 async def test_a_thousand_conversations_leave_no_process_behind(tmp_path: Path) -> None:
