@@ -30,7 +30,7 @@ log = get_logger("app")
 def build_app(settings: Settings, config: FileConfig, environ: Mapping[str, str] | None = None) -> Starlette:
     """The whole gateway as one ASGI app; upstreams start with its lifespan."""
     registry = Registry(config.servers, environ, credentials=settings.credentials, fast=settings.fast_path)
-    registry.conversations.max_total = settings.max_instances
+    registry.conversations.max_total = settings.max_conversation_instances
     confirm_key = settings.confirm_key.get_secret_value().encode() if settings.confirm_key else None
     frontend = Frontend(registry, views_for(settings.auth.tokens), confirm_key)
     store = open_store(settings.store.get_secret_value() if settings.store else None)

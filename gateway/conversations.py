@@ -160,7 +160,7 @@ class Conversations:
         if len(self._instances) >= self.max_total:
             raise CallFailed(
                 f"server '{spec.name}' is busy: the gateway runs its limit of {self.max_total} conversation "
-                "connections over all servers (max_instances setting); try again when one ends",
+                "connections over all servers (max_conversation_instances); try again when one ends",
                 outcome="busy",
                 transient=False,
             )

@@ -77,7 +77,7 @@ class Settings(BaseSettings):
     max_json_depth: int = Field(64, ge=4)
     max_sessions: int = Field(5000, ge=1)
     session_idle_timeout: float = Field(1800.0, gt=0)
-    max_instances: int = Field(256, ge=1)
+    max_conversation_instances: int = Field(256, ge=1)
     fast_path: bool = True
 
     @property

@@ -106,7 +106,7 @@ async def test_the_gateway_wide_limit_holds_across_servers(tmp_path: Path) -> No
     marker = f"iso-{os.getpid()}-e"
     config = isolated(marker)
     config["servers"]["other"] = {**config["servers"]["state"]}
-    with run_gateway(tmp_path, config, env={"MANIFOLD_MAX_INSTANCES": "1"}) as gw:
+    with run_gateway(tmp_path, config, env={"MANIFOLD_MAX_CONVERSATION_INSTANCES": "1"}) as gw:
         wait_ready(gw)
         async with connect(gw.url, MODERN) as c:
             assert text(await c.call("state__count")) == "1"
