@@ -38,12 +38,14 @@ from bench.mcphttp import (
     Endpoint,
     McpError,
     Session,
+    call_tool,
     close_session,
     list_tool_names,
     open_session,
 )
 from bench.procs import (
     BENCH_DIR,
+    PYTHON,
     REPO,
     FixtureSpec,
     Gateway,
@@ -59,6 +61,8 @@ from bench.procs import (
 )
 
 RESULTS = BENCH_DIR / "results"
+# A small stdlib-only stdio server: the conversations row measures the gateway, not Python's start-up.
+SCRIPTED = REPO / "tests" / "fixtures" / "scripted_upstream.py"
 ECHO_TEXT = "hello"
 MIB = 1024 * 1024
 X = "\N{MULTIPLICATION SIGN}"
@@ -578,6 +582,46 @@ class Bench:
         conn.close()
         time.sleep(0.5)
 
+    def conversations_phase(self) -> None:
+        """N 2025-era sessions, one after another, each with its own process of a conversation-isolated stdio
+        server: opened, used once, closed. Time per conversation, processes left, RSS after over before."""
+        n = self.plan.sessions
+        marker = f"bench-conversations-{os.getpid()}"
+        server = {"command": PYTHON, "args": [str(SCRIPTED), marker], "isolation": "conversation", "required": True}
+        gw = self.gateway({"state": server}, "conversations")
+        self.wait_tools(gw, {"state__echo"})
+        time.sleep(1.0)
+        before = rss_median(gw.pid)
+        self.log(f"conversations: {n} sessions, each with its own upstream process")
+        conn = Connection(Endpoint.parse(gw.url))
+        t = time.monotonic()
+        for i in range(n):
+            session = open_session(conn, LEGACY)
+            call_tool(conn, session, "state__echo", {"text": f"c{i}"})
+            close_session(conn, session)
+        took = time.monotonic() - t
+        conn.close()
+        deadline = time.monotonic() + 10
+        while (left := _processes_with(marker)) > 1 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1.0)
+        after = rss_median(gw.pid)
+        label = f"{n} conversations on an isolated stdio server (each its own process), one at a time"
+        self.rows.append(
+            Row(
+                label,
+                NA,
+                f"{took / n * 1000:.1f} ms each",
+                f"{left - 1} processes left",
+                "0 left",
+                left == 1,
+                {"gateway_value": took / n * 1000, "unit": "ms", "processes_left": left - 1, "seconds": took},
+            )
+        )
+        label = f"RSS after {n} isolated conversations, over before"
+        self.rows.append(_added_rss_row(label, after, before, "≤ +30 MiB", 30, {"before_kib": before}))
+        self.stop(gw.proc)
+
     # --- output ----------------------------------------------------------------------------------
 
     def finish_rows(self) -> None:
@@ -746,6 +790,18 @@ def open_get_streams(gw: Gateway, sessions: list[Session]) -> tuple[list[http.cl
             pass
         conns.append(c)
     return conns, ok
+
+
+def _processes_with(marker: str) -> int:
+    """Running processes whose command line carries `marker`."""
+    count = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                count += 1
+        except OSError:
+            continue
+    return count
 
 
 def git_describe() -> dict[str, Any]:
@@ -970,7 +1026,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a short smoke run (figures not comparable)")
     parser.add_argument("--profile", action="store_true", help="py-spy the gateway under echo c=16 via HTTP")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results directory (default bench/results)")
-    parser.add_argument("--only", choices=["calls", "twenty"], help="run one phase only")
+    parser.add_argument("--only", choices=["calls", "twenty", "conversations"], help="run one phase only")
     args = parser.parse_args(argv)
     if args.profile:
         profile(args.out)
@@ -985,6 +1041,8 @@ def main(argv: list[str] | None = None) -> int:
             bench.calls_phase()
         if args.only in (None, "twenty"):
             bench.twenty_phase()
+        if args.only in (None, "conversations"):
+            bench.conversations_phase()
         completed = True
     finally:
         bench.stop_all()
