@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from gateway.catalog import Entry
 
 GatedPolicy = Literal["allow", "deny", "confirm"]
+MayAdd = Literal["none", "http", "stdio"]
 
 
 class TokenSpec(BaseModel):
@@ -28,6 +29,7 @@ class TokenSpec(BaseModel):
     gated: GatedPolicy = "allow"
     rate: float | None = Field(None, gt=0, description="requests per second")
     burst: int | None = Field(None, ge=1)
+    may_add: MayAdd = "none"
 
     @model_validator(mode="after")
     def _one_secret(self) -> TokenSpec:
@@ -70,6 +72,7 @@ class View:
     servers: tuple[str, ...] = ("*",)
     tools: tuple[str, ...] = ("*",)
     gated: GatedPolicy = "allow"
+    may_add: MayAdd = "none"
 
     def allows(self, entry: Entry) -> bool:
         """Whether the tool is visible (and callable) for this caller."""
@@ -91,5 +94,5 @@ OPEN_VIEW = View("anonymous")
 
 def views_for(tokens: Iterable[TokenSpec]) -> list[View]:
     """One view per token; the open view when there are no tokens."""
-    views = [View(t.name, tuple(t.servers), tuple(t.tools), t.gated) for t in tokens]
+    views = [View(t.name, tuple(t.servers), tuple(t.tools), t.gated, t.may_add) for t in tokens]
     return views or [OPEN_VIEW]

@@ -35,6 +35,7 @@ def build_app(settings: Settings, config: FileConfig, environ: Mapping[str, str]
     frontend = Frontend(registry, views_for(settings.auth.tokens), confirm_key)
     store = open_store(settings.store.get_secret_value() if settings.store else None)
     runtime = Runtime(registry, store, settings)
+    frontend.egress = runtime.egress
     security = transport_security(settings.allowed_hosts, settings.allowed_origins)
     mcp_app = frontend.server.streamable_http_app(
         streamable_http_path="/mcp",

@@ -61,7 +61,9 @@ def admit(registry: Registry, view: View, name: str, request_id: Any, *, drainin
     view does not reveal what it hides), `Draining` once the gateway is shutting down.
     """
     entry = registry.catalog.resolve(name)
-    if entry is None or not view.allows(entry):
+    if entry is None and (own := registry.conversations.resolve(CONVERSATION.get(), name)) is not None:
+        entry = own  # a tool of a server this conversation handed over: its own, outside any token's scope
+    elif entry is None or not view.allows(entry):
         log.info("tool call", request_id=request_id, tool=name[:128], outcome="unknown_tool")
         raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {name}")
     if draining:
@@ -337,7 +339,9 @@ async def forward_call(
     headers (lower-case names), the source of the server's `forward_headers`. `caller` is who the
     server's requests of the user go to; `extra` carries a 2026 retry's `inputResponses`/`requestState`.
     """
-    upstream = registry.upstreams[entry.server]
+    upstream = registry.upstreams.get(entry.server) or registry.conversations.handed(CONVERSATION.get(), entry.server)
+    if upstream is None:
+        return error_result(entry, f"server '{entry.server}' is gone", version)
     if upstream.spec.forward_headers and headers is not None:
         wanted = ((h, h.lower()) for h in upstream.spec.forward_headers)
         FORWARDED.set({h: headers[low] for h, low in wanted if low in headers})

@@ -23,8 +23,12 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from gateway.catalog import Catalog, Entry, Json, ToolSet
+from gateway.config import ServerSpec
+from gateway.egress import EgressPolicy
 from gateway.logs import get_logger
 from gateway.metrics import Metrics
+from gateway.naming import sanitise
 from gateway.upstream.connection import Upstream
 from gateway.upstream.errors import CallFailed, State
 
@@ -33,6 +37,7 @@ CONVERSATION_META = "manifold/conversation"
 # The conversation of the request being served, set by the downstream paths.
 CONVERSATION: ContextVar[str | None] = ContextVar("manifold_conversation", default=None)
 REAP_EVERY = 0.5
+HANDED = "handed:"  # instance keys of servers a conversation handed over
 
 
 def conversation_key(session_id: str | None, view: str, meta: Mapping[str, Any] | None) -> str:
@@ -77,6 +82,7 @@ class Conversations:
         self._instances: dict[tuple[str, str], Instance] = {}
         self._starting: dict[tuple[str, str], anyio.Event] = {}
         self._tg: anyio.abc.TaskGroup | None = None
+        self._catalogs: dict[str, Catalog] = {}  # a conversation's own servers' tools
         self.alive: Callable[[str], bool] = lambda key: True
         self.max_total = 256  # every server's conversations together
 
@@ -120,6 +126,10 @@ class Conversations:
         if instance is None:
             return
         instance.scope.cancel()
+        if key[0].startswith(HANDED):
+            self._retable(key[1], instance.upstream.name, ())
+            log.info("handed-over server stopped", reason=reason)
+            return
         self._metrics.count_instance_stop(key[0], reason)
         self._metrics.set_instances(key[0], self.count(key[0]))
         log.info("conversation instance stopped", server=key[0], reason=reason)
@@ -198,6 +208,75 @@ class Conversations:
         finally:
             del self._starting[key]
             started.set()
+
+    # --- servers a conversation hands over ---------------------------------------------------------
+
+    def has_handed(self, conversation: str | None) -> bool:
+        """Whether the conversation has servers of its own."""
+        return conversation is not None and conversation in self._catalogs
+
+    def resolve(self, conversation: str | None, name: str) -> Entry | None:
+        """A tool of the conversation's own servers, by public name."""
+        catalog = self._catalogs.get(conversation) if conversation is not None else None
+        return catalog.resolve(name) if catalog is not None else None
+
+    def listing(self, conversation: str | None) -> list[Json]:
+        """The published tools of the conversation's own servers."""
+        catalog = self._catalogs.get(conversation) if conversation is not None else None
+        return catalog.listing if catalog is not None else []
+
+    def handed(self, conversation: str | None, server: str) -> Upstream | None:
+        """The connection of one of the conversation's own servers."""
+        if conversation is None:
+            return None
+        instance = self._instances.get((HANDED + server, conversation))
+        if instance is None:
+            return None
+        instance.used = time.monotonic()
+        return instance.upstream
+
+    def _retable(self, conversation: str, server: str, tools: tuple[Json, ...]) -> None:
+        catalog = self._catalogs.setdefault(conversation, Catalog())
+        if tools:
+            catalog.update(ToolSet(server, sanitise(server), False, None, tools))
+        else:
+            catalog.remove(server)
+        if not catalog.entries:
+            self._catalogs.pop(conversation, None)
+
+    async def hand_over(self, conversation: str, spec: ServerSpec, egress: EgressPolicy | None) -> str:
+        """Start one server the conversation hands over; `started` or `running`. Raises `CallFailed`."""
+        key = (HANDED + spec.name, conversation)
+        current = self._instances.get(key)
+        if current is not None and current.upstream.state is State.UP:
+            return "running"
+        if current is not None:
+            self._close(key, "failed")
+        if self._tg is None:
+            raise CallFailed("the gateway is stopping", outcome="unavailable", transient=False)
+
+        async def changed(upstream: Upstream) -> None:
+            if (HANDED + spec.name, conversation) in self._instances:
+                self._retable(conversation, spec.name, upstream.tools if upstream.state is State.UP else ())
+
+        upstream = Upstream(
+            spec,
+            changed,
+            {},  # a client's `${...}` is never filled from the gateway's environment
+            egress=egress if spec.kind != "stdio" else None,
+            source="conversation",
+            fast=self._fast,
+        )
+        scope = anyio.CancelScope()
+        self._instances[key] = Instance(upstream, scope)
+        self._tg.start_soon(self._own, upstream, scope)
+        if not await upstream.wait_up(spec.startup_timeout):
+            reason = upstream.error or "no answer within startup_timeout"
+            self._close(key, "failed")
+            raise CallFailed(f"it did not start: {reason}", outcome="unavailable", transient=False)
+        self._retable(conversation, spec.name, upstream.tools)
+        log.info("handed-over server started", server=spec.name, tools=len(upstream.tools))
+        return "started"
 
     async def _own(self, upstream: Upstream, scope: anyio.CancelScope) -> None:
         with scope:

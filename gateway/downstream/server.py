@@ -35,11 +35,13 @@ from gateway.downstream.gate import view_of
 from gateway.downstream.held import HeldCalls
 from gateway.downstream.listing import LISTING_CACHE, Listings
 from gateway.downstream.sessions import Sessions
+from gateway.egress import EgressPolicy
+from gateway.handover import Refused, spec_of
 from gateway.logs import get_logger
 from gateway.registry import Registry
 from gateway.tasks import Tasks
 from gateway.upstream.connection import Upstream
-from gateway.upstream.errors import State
+from gateway.upstream.errors import CallFailed, State
 
 log = get_logger("server")
 SESSION_HEADER = "mcp-session-id"
@@ -158,6 +160,7 @@ class Frontend:
         self.draining = False
         self.held = HeldCalls()
         self.tasks = Tasks()
+        self.egress: EgressPolicy | None = None  # runtime servers' egress rules, for servers clients hand over
         self.calls_in_flight = 0
         self._calls_done = anyio.Event()
         self.server = ManifoldServer(
@@ -190,6 +193,7 @@ class Frontend:
         self.server.add_request_handler("tasks/result", types.GetTaskPayloadRequestParams, self._task_result)
         self.server.add_request_handler("tasks/cancel", types.CancelTaskRequestParams, self._task_cancel)
         self.server.add_request_handler("tasks/update", types.RequestParams, self._task_update)
+        self.server.add_request_handler("manifold/servers/add", types.RequestParams, self._hand_over)
         self.server.add_request_handler("tasks/list", types.PaginatedRequestParams, self._task_list)
         # The OpenTelemetry middleware costs CPU on every call and exports nothing without a collector.
         self.server.middleware = [self._track_sessions]
@@ -208,7 +212,36 @@ class Frontend:
     ) -> types.ListToolsResult:
         if params is not None and params.cursor:
             raise MCPError(types.INVALID_PARAMS, "Invalid cursor: the catalog is served in one page")
-        return self.listings.result(request_view(ctx), ctx.protocol_version)  # type: ignore[return-value]
+        result = self.listings.result(request_view(ctx), ctx.protocol_version)
+        own = self.registry.conversations.listing(CONVERSATION.get())
+        if own:
+            result = {**result, "tools": [*result["tools"], *own]}
+        return result  # type: ignore[return-value]
+
+    async def _hand_over(self, ctx: ServerRequestContext[Any], params: Any) -> Any:
+        """`manifold/servers/add`: start the servers this conversation hands over (ACP `mcpServers` shape)."""
+        raw = ctx.params if isinstance(ctx.params, dict) else {}
+        servers = raw.get("mcpServers")
+        if not isinstance(servers, list) or not servers:
+            raise MCPError(types.INVALID_PARAMS, "manifold/servers/add needs a non-empty `mcpServers` list")
+        conversation = CONVERSATION.get()
+        assert conversation is not None
+        view = request_view(ctx)
+        report = []
+        for entry in servers[:32]:
+            name = entry.get("name") if isinstance(entry, dict) else None
+            try:
+                spec = spec_of(entry, view.may_add)
+                if spec.name in self.registry.upstreams:
+                    raise Refused(f"the name '{spec.name}' is a configured server's")
+                status = await self.registry.conversations.hand_over(conversation, spec, self.egress)
+                report.append({"name": spec.name, "status": status})
+            except (Refused, CallFailed) as e:
+                report.append({"name": str(name)[:64], "status": "failed", "error": str(e)})
+                log.info("handed-over server refused", server=str(name)[:64], reason=str(e))
+        if any(r["status"] == "started" for r in report):
+            await self.broadcast_tools_changed()
+        return {"servers": report}
 
     async def _listen(self, ctx: ServerRequestContext[Any], params: Any) -> Any:
         view = request_view(ctx)

@@ -162,6 +162,9 @@ class Shortcut:
         meta = params.get("_meta")
         if meta is not None and not isinstance(meta, dict):
             return False
+        conversation = conversation_key(session_id, view.name, meta)
+        if self.registry.conversations.has_handed(conversation):
+            return False  # a conversation with servers of its own sees a listing of its own
         if method == "tools/list":
             if not params.keys() <= LIST_PARAMS:
                 return False  # a cursor: the SDK path words the refusal
@@ -186,7 +189,7 @@ class Shortcut:
             if schema is not None and validate_mcp_param_headers(schema, arguments or {}, headers) is not None:
                 return False  # the SDK words the header mismatch
         self.registry.metrics.count_request(method)
-        CONVERSATION.set(conversation_key(session_id, view.name, meta))
+        CONVERSATION.set(conversation)
         key = (session_id, request_id) if session_id is not None else None
         result: Json | None = None
         failure: MCPError | None = None
