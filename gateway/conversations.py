@@ -13,6 +13,8 @@ it sends none).
 
 from __future__ import annotations
 
+import hashlib
+import os
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -37,6 +39,9 @@ CONVERSATION_META = "manifold/conversation"
 # The conversation of the request being served, set by the downstream paths.
 CONVERSATION: ContextVar[str | None] = ContextVar("manifold_conversation", default=None)
 REAP_EVERY = 0.5
+# `${MANIFOLD_CONVERSATION}` in a conversation-isolated server's options names its conversation (a digest: the
+# session id itself is a credential), e.g. a per-conversation data file; the shared listing instance sees it unset.
+CONVERSATION_VARIABLE = "MANIFOLD_CONVERSATION"
 HANDED = "handed:"  # instance keys of servers a conversation handed over
 
 
@@ -48,6 +53,11 @@ def conversation_key(session_id: str | None, view: str, meta: Mapping[str, Any] 
     if isinstance(given, str) and given:
         return f"token:{view}:{given[:128]}"
     return f"token:{view}"
+
+
+def label(conversation: str) -> str:
+    """A stable, secret-free name of a conversation: 16 hex digits of its key's SHA-256."""
+    return hashlib.sha256(conversation.encode()).hexdigest()[:16]
 
 
 @dataclass
@@ -183,7 +193,10 @@ class Conversations:
             upstream = Upstream(
                 spec,
                 _unchanged,
-                self._environ,
+                {
+                    **(os.environ if self._environ is None else self._environ),
+                    CONVERSATION_VARIABLE: label(conversation),
+                },
                 credentials=self._credentials,
                 egress=shared.egress,
                 source=shared.source,

@@ -13,7 +13,7 @@ import httpx2
 import pytest
 
 from tests.fixtures.servers import stdio_spec
-from tests.integration.conftest import Gateway, connect, run_gateway, wait_until
+from tests.integration.conftest import THIRDPARTY, Gateway, connect, run_gateway, wait_until
 
 pytestmark = pytest.mark.anyio
 SCRIPTED = Path(__file__).resolve().parents[1] / "fixtures" / "scripted_upstream.py"
@@ -71,6 +71,33 @@ async def test_two_sessions_have_their_own_process_and_state(tmp_path: Path) -> 
         await wait_until(lambda: len(fixture_processes(marker)) == 1, 2, "the conversations' processes to stop")
         assert metric(gw, 'manifold_conversation_instance_stops_total{reason="session_end"') == 2
         assert metric(gw, "manifold_conversation_instances{") == 0
+
+
+async def test_server_memory_keeps_one_graph_per_conversation(tmp_path: Path) -> None:
+    """`@modelcontextprotocol/server-memory` per conversation, its file named by `${MANIFOLD_CONVERSATION}`."""
+    memory = THIRDPARTY / "server-memory" / "dist" / "index.js"
+    files = tmp_path / "graphs"
+    files.mkdir()
+    server = {
+        "command": "node",
+        "args": [str(memory)],
+        "env": {"MEMORY_FILE_PATH": f"{files}/${{MANIFOLD_CONVERSATION:-shared}}.jsonl"},
+        "isolation": "conversation",
+        "required": True,
+        "startup_timeout": 30,
+    }
+    with run_gateway(tmp_path, {"servers": {"memory": server}}) as gw:
+        wait_ready(gw)
+        async with connect(gw.url, LEGACY) as a, connect(gw.url, LEGACY) as b:
+            entity = {"name": "Ada", "entityType": "person", "observations": ["wrote the first program"]}
+            created = await a.call("memory__create_entities", {"entities": [entity]})
+            assert created.is_error is not True, text(created)
+            assert "Ada" in text(await a.call("memory__read_graph"))
+            assert "Ada" not in text(await b.call("memory__read_graph")), "b's graph is its own"
+            await b.call("memory__create_entities", {"entities": [{**entity, "name": "Grace"}]})
+        graphs = sorted(p.read_text() for p in files.glob("*.jsonl") if p.name != "shared.jsonl")
+        assert len(graphs) == 2 and "Ada" in graphs[0] + graphs[1]
+        assert not any("Ada" in g and "Grace" in g for g in graphs), "one file per conversation"
 
 
 async def test_a_2026_client_is_one_conversation_per_token_or_per_the_id_it_sends(tmp_path: Path) -> None:
