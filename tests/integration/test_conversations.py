@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -12,7 +13,7 @@ import anyio
 import httpx2
 import pytest
 
-from tests.fixtures.servers import stdio_spec
+from tests.fixtures.servers import run_http_fixture, stdio_spec
 from tests.integration.conftest import THIRDPARTY, Gateway, connect, run_gateway, wait_until
 
 pytestmark = pytest.mark.anyio
@@ -71,6 +72,19 @@ async def test_two_sessions_have_their_own_process_and_state(tmp_path: Path) -> 
         await wait_until(lambda: len(fixture_processes(marker)) == 1, 2, "the conversations' processes to stop")
         assert metric(gw, 'manifold_conversation_instance_stops_total{reason="session_end"') == 2
         assert metric(gw, "manifold_conversation_instances{") == 0
+
+
+async def test_an_http_server_gets_its_own_session_per_conversation(tmp_path: Path) -> None:
+    with run_http_fixture(name="web") as web:
+        server = {"url": web.url, "protocol": "2025-11-25", "isolation": "conversation", "required": True}
+        with run_gateway(tmp_path, {"servers": {"web": server}}) as gw:
+            wait_ready(gw)
+            async with connect(gw.url, LEGACY) as a, connect(gw.url, LEGACY) as b:
+                seen = []
+                for client in (a, a, b):
+                    who = json.loads(text(await client.call("web__whoami")))
+                    seen.append(who["headers"]["mcp-session-id"])
+            assert seen[0] == seen[1] != seen[2], "one upstream session per conversation, kept across its calls"
 
 
 async def test_server_memory_keeps_one_graph_per_conversation(tmp_path: Path) -> None:
