@@ -19,6 +19,7 @@ from gateway.naming import public_name, with_hash
 from gateway.uritemplate import UriTemplate, overlaps
 
 Json = dict[str, Any]
+RENAMED = "manifold/renamed"  # where an override's new name waits for the naming rules (never published)
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class ToolSet:
     resources: tuple[Json, ...] = ()
     templates: tuple[Json, ...] = ()
     rank: int = 0
+    overrides: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +80,8 @@ class Located:
 def publish(tool: Json, public: str, server: str, labels: Labels, kind: str = "tools") -> Json:
     """The tool (or prompt) as served downstream: renamed, with `manifold/*` keys added to its `_meta`."""
     meta = tool.get("_meta")
-    published = {**tool, "name": public}
+    published = {k: v for k, v in tool.items() if k != RENAMED}
+    published["name"] = public
     labelled = {
         **(meta if isinstance(meta, dict) else {}),
         f"{META_PREFIX}server": server,
@@ -89,6 +92,22 @@ def publish(tool: Json, public: str, server: str, labels: Labels, kind: str = "t
         labelled[f"{META_PREFIX}gated"] = labels.gated
     published["_meta"] = labelled
     return published
+
+
+def overridden(tool: Json, override: Mapping[str, Any] | None) -> Json:
+    """A tool as the operator re-described it; the public name is built from `name`, calls keep the original."""
+    if not override:
+        return tool
+    changed = {**tool}
+    for key in ("title", "description"):
+        if override.get(key) is not None:
+            changed[key] = override[key]
+    if override.get("annotations") is not None:
+        base = tool.get("annotations")
+        changed["annotations"] = {**(base if isinstance(base, dict) else {}), **override["annotations"]}
+    if override.get("name"):
+        changed[RENAMED] = override["name"]
+    return changed
 
 
 def label(item: Json, server: str, trusted: bool) -> Json:
@@ -109,8 +128,9 @@ def merge(toolsets: Iterable[ToolSet], kind: str = "tools") -> tuple[dict[str, E
     name (sorted), reporting collisions."""
     claims: dict[str, list[tuple[ToolSet, Json]]] = defaultdict(list)
     for ts in toolsets:
-        for tool in getattr(ts, kind):
-            claims[public_name(ts.prefix, ts.server, tool["name"])].append((ts, tool))
+        for offered in getattr(ts, kind):
+            tool = overridden(offered, ts.overrides.get(offered["name"])) if kind == "tools" else offered
+            claims[public_name(ts.prefix, ts.server, str(tool.get(RENAMED, tool["name"])))].append((ts, tool))
     named: list[tuple[str, ToolSet, Json]] = []
     collisions: list[Collision] = []
     for base, owners in claims.items():

@@ -74,6 +74,25 @@ class RelaySpec(BaseModel):
     roots: bool = False
 
 
+class ToolOverride(BaseModel):
+    """What the operator says of one tool instead of its server: a new name, title, description or annotations."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str | None = Field(None, min_length=1, max_length=64)
+    title: str | None = None
+    description: str | None = None
+    annotations: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _known_hints(self) -> ToolOverride:
+        known = {"title", "readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint"}
+        unknown = set(self.annotations or {}) - known
+        if unknown:
+            raise ValueError(f"unknown annotations {sorted(unknown)}; known: {sorted(known)}")
+        return self
+
+
 Protocol = Literal["auto", "2025-11-25", "2026-07-28"]
 Isolation = Literal["shared", "conversation"]
 
@@ -109,6 +128,7 @@ class ServerSpec(BaseModel):
     disabled: bool = False
     relay: RelaySpec = RelaySpec.model_validate({})
     protocol: Protocol = "auto"
+    tools: dict[str, ToolOverride] = Field(default_factory=dict)
     isolation: Isolation = "shared"
     idle_timeout: Seconds = 300.0
     max_instances: int = Field(64, ge=1)

@@ -228,7 +228,12 @@ class Registry:
                 offers.resources,
                 offers.templates,
                 self._ranks.get(spec.name, len(self._ranks)),
+                {name: o.model_dump(exclude_none=True) for name, o in spec.tools.items()},
             )
+            offered = {t["name"] for t in tools}
+            for name in spec.tools:
+                if name not in offered:
+                    log.warning("override names no tool the server offers", server=spec.name, tool=name[:128])
             changed = self.catalog.update(toolset)
         else:
             changed = self.catalog.remove(upstream.name)

@@ -69,3 +69,27 @@ def test_resources_and_prompts_changes_bump_the_version():
     assert catalog.update(_set("s", 0, prompts=["p"], resources=["r://1"])) is True
     assert catalog.update(_set("s", 0, prompts=["p"], resources=["r://1"], templates=["r://{id}"])) is True
     assert catalog.resources[0].item["_meta"] == {"manifold/server": "s", "manifold/trust": "outside"}
+
+
+def test_an_override_renames_and_redescribes_and_calls_keep_the_original():
+    tool = {"name": "get_current_time", "description": "Get the time", "annotations": {"readOnlyHint": False}}
+    ts = ToolSet(
+        "time",
+        "time",
+        False,
+        None,
+        (tool, {"name": "convert_time"}),
+        overrides={
+            "get_current_time": {"name": "now", "description": "The time now", "annotations": {"readOnlyHint": True}}
+        },
+    )
+    entries, _ = merge([ts])
+    assert list(entries) == ["time__convert_time", "time__now"]
+    now = entries["time__now"]
+    assert now.original == "get_current_time"
+    assert now.tool["description"] == "The time now"
+    assert now.tool["annotations"] == {"readOnlyHint": True}
+    assert now.tool["_meta"]["manifold/tool"] == "get_current_time"
+    assert now.tool["_meta"]["manifold/trust"] == "outside"  # an override never makes a server trusted
+    assert "manifold/renamed" not in now.tool
+    assert now.labels.read_only is True and now.labels.gated is False
