@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -45,6 +45,18 @@ class TokenSpec(BaseModel):
         return hashlib.sha256(self.token.get_secret_value().encode()).digest()
 
 
+class EndpointSpec(BaseModel):
+    """One curated endpoint, served at `/mcp/NAME`: the servers and public tool names it offers."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    servers: list[str] = Field(default_factory=lambda: ["*"])
+    tools: list[str] = Field(default_factory=lambda: ["*"])
+
+
+ENDPOINT_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+
+
 class AuthConfig(BaseModel):
     """`auth:` in the config."""
 
@@ -73,16 +85,23 @@ class View:
     tools: tuple[str, ...] = ("*",)
     gated: GatedPolicy = "allow"
     may_add: MayAdd = "none"
+    within: tuple[View, ...] = ()  # further views this one is narrowed to (a curated endpoint's)
 
     def allows(self, entry: Entry) -> bool:
         """Whether the tool is visible (and callable) for this caller."""
         if self.gated == "deny" and entry.labels.gated:
             return False
-        return _matches(entry.server, self.servers) and _matches(entry.public, self.tools)
+        mine = _matches(entry.server, self.servers) and _matches(entry.public, self.tools)
+        return mine and all(v.allows(entry) for v in self.within)
 
     def sees(self, server: str) -> bool:
         """Whether this caller may see the server at all (its prompts and resources follow `servers` only)."""
-        return _matches(server, self.servers)
+        return _matches(server, self.servers) and all(v.sees(server) for v in self.within)
+
+    def at(self, endpoint: str, spec: EndpointSpec) -> View:
+        """This view as seen through a curated endpoint: the intersection of both."""
+        narrowing = View(f"endpoint:{endpoint}", tuple(spec.servers), tuple(spec.tools))
+        return View(f"{self.name}@{endpoint}", self.servers, self.tools, self.gated, self.may_add, (narrowing,))
 
     def confirms(self, entry: Entry) -> bool:
         """Whether a call of this tool needs the human's confirmation first."""
@@ -92,7 +111,7 @@ class View:
 OPEN_VIEW = View("anonymous")
 
 
-def views_for(tokens: Iterable[TokenSpec]) -> list[View]:
-    """One view per token; the open view when there are no tokens."""
-    views = [View(t.name, tuple(t.servers), tuple(t.tools), t.gated, t.may_add) for t in tokens]
-    return views or [OPEN_VIEW]
+def views_for(tokens: Iterable[TokenSpec], endpoints: Mapping[str, EndpointSpec] | None = None) -> list[View]:
+    """One view per token (the open view when there are no tokens), and each of them at each endpoint."""
+    views = [View(t.name, tuple(t.servers), tuple(t.tools), t.gated, t.may_add) for t in tokens] or [OPEN_VIEW]
+    return views + [view.at(name, spec) for name, spec in (endpoints or {}).items() for view in views]

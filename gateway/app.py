@@ -32,7 +32,7 @@ def build_app(settings: Settings, config: FileConfig, environ: Mapping[str, str]
     registry = Registry(config.servers, environ, credentials=settings.credentials, fast=settings.fast_path)
     registry.conversations.max_total = settings.max_conversation_instances
     confirm_key = settings.confirm_key.get_secret_value().encode() if settings.confirm_key else None
-    frontend = Frontend(registry, views_for(settings.auth.tokens), confirm_key)
+    frontend = Frontend(registry, views_for(settings.auth.tokens, settings.endpoints), confirm_key)
     store = open_store(settings.store.get_secret_value() if settings.store else None)
     runtime = Runtime(registry, store, settings)
     frontend.egress = runtime.egress
@@ -48,7 +48,7 @@ def build_app(settings: Settings, config: FileConfig, environ: Mapping[str, str]
     frontend.sessions.attach(frontend.server.session_manager)
     lane: ASGIApp = Shortcut(mcp_app, frontend, security) if settings.fast_path else mcp_app
     limits = Limits(settings.max_body_bytes, settings.max_json_depth)
-    gate = AuthGate(lane, settings.auth.tokens, frontend.sessions, limits)
+    gate = AuthGate(lane, settings.auth.tokens, frontend.sessions, limits, settings.endpoints)
 
     async def reload() -> list[str]:
         try:

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, StringConstraints, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
     InitSettingsSource,
@@ -16,7 +16,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from gateway.access import AuthConfig
+from gateway.access import ENDPOINT_NAME, AuthConfig, EndpointSpec
 from gateway.config import ConfigError, FileConfig, load_config
 from gateway.interpolate import MissingVariable, interpolate
 
@@ -72,6 +72,9 @@ class Settings(BaseSettings):
     runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
     credentials: dict[str, Credential] = Field(default_factory=dict)
     auth: AuthConfig = Field(default_factory=AuthConfig)
+    endpoints: dict[Annotated[str, StringConstraints(pattern=ENDPOINT_NAME)], EndpointSpec] = Field(
+        default_factory=dict
+    )
     allow_unauthenticated: bool = False
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
     max_json_depth: int = Field(64, ge=4)

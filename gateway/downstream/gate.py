@@ -10,7 +10,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import hmac
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import accumulate
@@ -20,7 +20,7 @@ import anyio.to_thread
 from mcp.server.transport_security import TransportSecuritySettings
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.access import OPEN_VIEW, TokenSpec, View, views_for
+from gateway.access import OPEN_VIEW, EndpointSpec, TokenSpec, View, views_for
 from gateway.bucket import TokenBucket
 from gateway.downstream.sessions import Sessions, asks_capabilities
 from gateway.jsonrpc import decode, encode, error_body
@@ -169,10 +169,13 @@ class AuthGate:
     tokens: Iterable[TokenSpec]
     sessions: Sessions
     limits: Limits = field(default_factory=Limits)
+    endpoints: Mapping[str, EndpointSpec] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._tokens = [(t.digest(), t) for t in self.tokens]
         self._views = {view.name: view for view in views_for(self.tokens)} if self._tokens else {}
+        bases = list(self._views.values()) or [OPEN_VIEW]
+        self._at = {(v.name, name): v.at(name, spec) for name, spec in self.endpoints.items() for v in bases}
         self._buckets = {
             t.name: TokenBucket(t.rate, t.burst or max(1, int(t.rate * 2))) for _, t in self._tokens if t.rate
         }
@@ -215,6 +218,14 @@ class AuthGate:
                     {b"retry-after": str(max(1, round(wait + 0.5))).encode()},
                 )
                 return
+        if scope["path"].startswith("/mcp/"):
+            endpoint = scope["path"][len("/mcp/") :]
+            narrowed = self._at.get((view.name, endpoint))
+            if narrowed is None:
+                await _reject(send, 404, -32600, f"No endpoint named {endpoint[:64]!r}")
+                return
+            view = narrowed
+            scope = {**scope, "path": "/mcp", "raw_path": b"/mcp"}
         raw_session = headers.get(SESSION_HEADER)
         session = raw_session.decode("latin-1") if raw_session is not None else None
         if session is not None and self.sessions.owner(session) not in (None, view.name):

@@ -28,6 +28,7 @@ def test_file_keys():
         "metrics_port",
         "admin_token",
         "confirm_key",
+        "endpoints",
         "max_conversation_instances",
         "store",
         "reconcile_interval",

@@ -1,0 +1,61 @@
+"""Curated endpoints: `/mcp/NAME` serves a chosen set of servers and tools; tokens narrow it further."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+from mcp import MCPError
+
+from tests.fixtures.servers import stdio_spec
+from tests.integration.conftest import ERAS, connect, run_gateway
+
+pytestmark = pytest.mark.anyio
+TRIAGE = "triage-token-0123456789abcdef"
+ENV = {"T_TRIAGE": TRIAGE}
+
+
+def config(**extra: Any) -> dict[str, Any]:
+    return {
+        "servers": {"fx": {**stdio_spec(), "required": True}, "other": {**stdio_spec(), "required": True}},
+        "endpoints": {"reader": {"servers": ["fx"], "tools": ["fx__echo", "fx__add", "fx__whoami"]}},
+        **extra,
+    }
+
+
+def ready(base: str) -> None:
+    deadline = time.monotonic() + 20
+    while httpx2.get(f"{base}/readyz", timeout=2).status_code != 200:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("era", ERAS)
+async def test_an_endpoint_serves_its_curated_set_and_mcp_serves_all(tmp_path: Path, era: str) -> None:
+    with run_gateway(tmp_path, config()) as gw:
+        ready(gw.base)
+        async with connect(f"{gw.url}/reader", era) as reader, connect(gw.url, era) as everything:
+            assert sorted(await reader.tool_names()) == ["fx__add", "fx__echo", "fx__whoami"]
+            assert "other__echo" in await everything.tool_names()
+            assert (await reader.call("fx__echo", {"text": "hi"})).content[0].text == "hi"
+            with pytest.raises(MCPError, match="Unknown tool"):
+                await reader.session.call_tool("other__echo", {"text": "no"})
+        assert httpx2.post(f"{gw.url}/nowhere", json={}, timeout=5).status_code == 404
+
+
+async def test_a_token_and_an_endpoint_combine_to_their_intersection(tmp_path: Path) -> None:
+    tokens = {"tokens": [{"name": "triage", "token": "${T_TRIAGE}", "tools": ["fx__echo", "other__*"]}]}
+    with run_gateway(tmp_path, config(auth=tokens), env=ENV) as gw:
+        ready(gw.base)
+        headers = {"Authorization": f"Bearer {TRIAGE}"}
+        async with connect(f"{gw.url}/reader", "2025-11-25", headers=headers) as c:
+            assert await c.tool_names() == ["fx__echo"]
+        async with connect(gw.url, "2025-11-25", headers=headers) as c:
+            assert sorted(await c.tool_names()) == [
+                "fx__echo",
+                *sorted(n for n in await c.tool_names() if n != "fx__echo"),
+            ]
+            assert any(n.startswith("other__") for n in await c.tool_names())
