@@ -6,12 +6,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx2
 import pytest
 from mcp import MCPError
 
 from tests.fixtures.servers import stdio_spec
-from tests.integration.conftest import ERAS, connect, run_gateway
+from tests.integration.conftest import ERAS, connect, run_gateway, watch_changes
 
 pytestmark = pytest.mark.anyio
 TRIAGE = "triage-token-0123456789abcdef"
@@ -59,3 +60,22 @@ async def test_a_token_and_an_endpoint_combine_to_their_intersection(tmp_path: P
                 *sorted(n for n in await c.tool_names() if n != "fx__echo"),
             ]
             assert any(n.startswith("other__") for n in await c.tool_names())
+
+
+@pytest.mark.parametrize("era", ERAS)
+async def test_list_changed_reaches_only_the_endpoints_whose_view_changed(tmp_path: Path, era: str) -> None:
+    curated = {"reader": {"servers": ["fx"]}}
+    with run_gateway(tmp_path, config(endpoints=curated)) as gw:
+        ready(gw.base)
+        async with (
+            watch_changes(f"{gw.url}/reader", era) as (reader, reader_changes),
+            watch_changes(gw.url, era) as (everything, all_changes),
+        ):
+            seen_reader, seen_all = reader_changes.count, all_changes.count
+            await everything.call("other__set_tools", {"names": ["fresh"]})
+            await all_changes.wait_beyond(seen_all)
+            await anyio.sleep(1.0)
+            assert reader_changes.count == seen_reader, "other's change is outside the reader endpoint"
+            await everything.call("fx__set_tools", {"names": ["new_one"]})
+            await reader_changes.wait_beyond(seen_reader)
+            assert "fx__new_one" in await reader.tool_names()
