@@ -14,12 +14,10 @@ import base64
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager, suppress
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -31,7 +29,7 @@ import pytest
 from mcp import MCPError, types
 
 from gateway.internals.sdk import send_unchecked
-from tests.fixtures.servers import free_port
+from tests.fixtures.servers import run_everything_http
 from tests.integration.conftest import ERAS, THIRDPARTY, EraClient, Gateway, connect, run_gateway, wait_until
 
 pytestmark = pytest.mark.anyio
@@ -76,30 +74,10 @@ def docs() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def everything_http() -> Iterator[str]:
-    """server-everything over streamable HTTP (it binds every interface; only loopback is used)."""
+    """server-everything over streamable HTTP, for the module."""
     assert NODE is not None
-    port = free_port()
-    proc = subprocess.Popen(
-        [NODE, str(EVERYTHING), "streamableHttp"],
-        env={**os.environ, "PORT": str(port)},
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            assert proc.poll() is None, f"server-everything exited with {proc.returncode}"
-            with suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                break
-            assert time.monotonic() < deadline, "server-everything did not listen"
-            time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        with suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
+    with run_everything_http(NODE, EVERYTHING) as url:
+        yield url
 
 
 def everything_spec(transport: str, url: str | None, **extra: Any) -> dict[str, Any]:

@@ -14,12 +14,9 @@ import json
 import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
-from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +24,7 @@ from typing import Any
 import httpx2
 import pytest
 
-from tests.fixtures.servers import free_port
+from tests.fixtures.servers import run_everything_http
 from tests.integration.conftest import THIRDPARTY, Gateway, run_gateway
 
 NODE = shutil.which("node")
@@ -68,30 +65,10 @@ def assert_labelled(meta: dict[str, Any] | None) -> None:
 
 @pytest.fixture(scope="module")
 def everything_http() -> Iterator[str]:
-    """server-everything over streamable HTTP (it binds every interface; only loopback is used)."""
+    """server-everything over streamable HTTP, for the module."""
     assert NODE is not None
-    port = free_port()
-    proc = subprocess.Popen(
-        [NODE, str(EVERYTHING), "streamableHttp"],
-        env={**os.environ, "PORT": str(port)},
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            assert proc.poll() is None, f"server-everything exited with {proc.returncode}"
-            with suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                break
-            assert time.monotonic() < deadline, "server-everything did not listen"
-            time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        with suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
+    with run_everything_http(NODE, EVERYTHING) as url:
+        yield url
 
 
 @dataclass
