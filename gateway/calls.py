@@ -31,7 +31,7 @@ from gateway.conversations import CONVERSATION
 from gateway.internals.sdk import CALLER_CAPABILITIES, later_revision_fields
 from gateway.labels import META_PREFIX
 from gateway.logs import get_logger
-from gateway.upstream.asks import Caller, Mute, declared
+from gateway.upstream.asks import ASKING, Caller, Mute, declared
 from gateway.upstream.connection import FORWARDED, Upstream
 from gateway.upstream.errors import CallFailed, describe
 
@@ -88,8 +88,7 @@ def talks(caller: Caller | None) -> bool:
     which hears them, not the lean channel."""
     if caller is None:
         return False
-    asks = any(k in caller.capabilities for k in ("sampling", "elicitation", "roots"))
-    return asks or getattr(caller, "level", None) is not None or getattr(caller, "wants_logs", False)
+    return caller.wants_logs or any(k in caller.capabilities for k in ASKING)
 
 
 def with_log_level(meta: Mapping[str, Any], caller: Caller | None, upstream: Upstream) -> Mapping[str, Any]:

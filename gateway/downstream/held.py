@@ -65,6 +65,11 @@ class Held:
     async def log(self, params: Json) -> None:
         """Log lines of a held call have no stream to go to."""
 
+    @property
+    def wants_logs(self) -> bool:
+        """A held call has no stream for log lines."""
+        return False
+
     def _poke(self) -> None:
         self.changed.set()
         self.changed = anyio.Event()
@@ -141,7 +146,7 @@ class HeldCalls:
             if held.error is not None or held.result is not None:
                 self.close(held)
 
-    async def next_answer(self, held: Held, *, version_ok: bool = True) -> Json:
+    async def next_answer(self, held: Held) -> Json:
         """Wait until the call ends or asks something; its result, or an `input_required` result."""
         while True:
             if held.done.is_set():

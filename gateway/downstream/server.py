@@ -40,18 +40,17 @@ from gateway.handover import Refused, spec_of
 from gateway.logs import get_logger
 from gateway.registry import Registry
 from gateway.tasks import Tasks
+from gateway.upstream.asks import ASKING
 from gateway.upstream.connection import Upstream
 from gateway.upstream.errors import CallFailed, State
 
 log = get_logger("server")
 SESSION_HEADER = "mcp-session-id"
 PAGE_SIZE = 100
-ASKING = ("sampling", "elicitation", "roots")
 TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 VIEWED = ("prompts", "resources", "completions", "logging", "tasks")
 CHANGES = NotificationOptions(tools_changed=True, prompts_changed=True, resources_changed=True)
 FRESH = CacheHint(ttl_ms=0, scope="private")
-ASKING = ("sampling", "elicitation", "roots")
 
 
 def page(items: list[Any], cursor: str | None, key: str, version: str) -> Json:

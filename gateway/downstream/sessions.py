@@ -17,8 +17,7 @@ from mcp.server.streamable_http import StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
 from gateway.internals.sdk import holding, serving_transport, session_transports
-
-ASKING = ("sampling", "elicitation", "roots")
+from gateway.upstream.asks import ASKING
 
 
 def asks_capabilities(message: Any) -> bool:

@@ -38,6 +38,7 @@ from gateway.downstream.gate import MESSAGE_KEY, view_of
 from gateway.downstream.server import Frontend
 from gateway.jsonrpc import INTERNAL_ERROR, REQUEST_CANCELLED, encode
 from gateway.logs import get_logger
+from gateway.upstream.asks import ASKING
 
 Json = dict[str, Any]
 log = get_logger("shortcut")
@@ -47,7 +48,6 @@ LIST_PARAMS = frozenset({"_meta"})
 PARAM_HEADER_PREFIX = "mcp-param-"
 LOG_LEVEL_KEY = "io.modelcontextprotocol/logLevel"
 CAPABILITIES_KEY = "io.modelcontextprotocol/clientCapabilities"
-ASKING = ("sampling", "elicitation", "roots")
 MAX_REMEMBERED = 1024
 
 

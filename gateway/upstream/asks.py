@@ -29,6 +29,7 @@ log = get_logger("asks")
 
 # Each request a server may make of the user, and the client capability it needs.
 CAPABILITY = {"sampling/createMessage": "sampling", "elicitation/create": "elicitation", "roots/list": "roots"}
+ASKING = tuple(CAPABILITY.values())  # the client capabilities a server may ask through
 
 
 class Caller(Protocol):
@@ -48,11 +49,16 @@ class Caller(Protocol):
     async def log(self, params: Json) -> None:
         """Pass on one `notifications/message`."""
 
+    @property
+    def wants_logs(self) -> bool:
+        """Whether the caller asked for log lines (a 2025 session's level, a 2026 request's opt-in)."""
+
 
 class Mute:
     """The caller of a call that cannot be asked anything (a plain call the shortcut serves): a session of its own."""
 
     capabilities: Json = {}
+    wants_logs = False
 
     def __init__(self) -> None:
         self.session = f"mute:{id(self)}"

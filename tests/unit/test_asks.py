@@ -24,6 +24,8 @@ def anyio_backend() -> str:
 class FakeCaller:
     """A caller that answers (or hangs) and records what it was asked."""
 
+    wants_logs = False
+
     def __init__(self, session: str, capabilities: dict[str, Any], *, hang: bool = False) -> None:
         self.session, self.capabilities, self.hang = session, capabilities, hang
         self.asked: list[tuple[str, dict[str, Any]]] = []
