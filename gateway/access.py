@@ -103,6 +103,11 @@ class View:
         narrowing = View(f"endpoint:{endpoint}", tuple(spec.servers), tuple(spec.tools))
         return View(f"{self.name}@{endpoint}", self.servers, self.tools, self.gated, self.may_add, (narrowing,))
 
+    @property
+    def endpoint(self) -> str:
+        """The curated endpoint this view is seen through, or "" for `/mcp` itself."""
+        return next((v.name.removeprefix("endpoint:") for v in self.within if v.name.startswith("endpoint:")), "")
+
     def confirms(self, entry: Entry) -> bool:
         """Whether a call of this tool needs the human's confirmation first."""
         return self.gated == "confirm" and entry.labels.gated

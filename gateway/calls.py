@@ -54,13 +54,32 @@ class Draining(MCPError):
         super().__init__(types.INTERNAL_ERROR, "The gateway is shutting down; retry on another replica")
 
 
+class HeldTool(Exception):
+    """A call to a tool its pin holds back; `reason` tells the caller how an operator approves it."""
+
+    def __init__(self, entry: Entry) -> None:
+        super().__init__(entry.public)
+        self.entry = entry
+        self.reason = (
+            f"the definition of tool '{entry.original}' of server '{entry.server}' changed since it was approved"
+            " (or is new), so it is held until an operator reviews it: "
+            f"`manifold pins diff {entry.server} {entry.original}`, then "
+            f"`manifold pins approve {entry.server} {entry.original}`"
+        )
+
+
 def admit(registry: Registry, view: View, name: str, request_id: Any, *, draining: bool) -> Entry:
     """The catalog entry a caller with `view` may call under `name`.
 
     Raises `MCPError`: -32602 for a name that is unknown or outside the view (the same answer, so a
-    view does not reveal what it hides), `Draining` once the gateway is shutting down.
+    view does not reveal what it hides), `Draining` once the gateway is shutting down; `HeldTool` for a
+    tool in the view that its pin holds back.
     """
     entry = registry.catalog.resolve(name)
+    if entry is None and (held := registry.catalog.held.get(name)) is not None and view.allows(held):
+        log.info("tool call", request_id=request_id, server=held.server, tool=name[:128], outcome="held")
+        registry.metrics.record_call(held.server, held.public, "held", endpoint=view.endpoint)
+        raise HeldTool(held)
     if entry is None and (own := registry.conversations.resolve(CONVERSATION.get(), name)) is not None:
         entry = own  # a tool of a server this conversation handed over: its own, outside any token's scope
     elif entry is None or not view.allows(entry):
@@ -258,12 +277,15 @@ async def call_tool(
     caller: Caller | None = None,
 ) -> Json:
     """Serve one downstream `tools/call` that came through the SDK's server."""
-    entry = admit(registry, view, params.name, ctx.request_id, draining=draining)
+    try:
+        entry = admit(registry, view, params.name, ctx.request_id, draining=draining)
+    except HeldTool as held:
+        return error_result(held.entry, held.reason, ctx.protocol_version)
     confirming = view.confirms(entry)
     if confirming and (refusal := await confirm(ctx, entry, params, confirm_key)) is not None:
         outcome = "pending" if refusal.get("resultType") == "input_required" else "denied"
         if outcome == "denied":
-            registry.metrics.record_call(entry.server, entry.public, outcome)
+            registry.metrics.record_call(entry.server, entry.public, outcome, endpoint=view.endpoint)
         log.info("tool call", request_id=ctx.request_id, server=entry.server, tool=entry.public, outcome=outcome)
         return refusal
     wants_progress = bool(ctx.meta and ctx.meta.get("progress_token") is not None)
@@ -284,6 +306,7 @@ async def call_tool(
             exclude_none=True,
             include={"task"} if confirming else {"input_responses", "request_state", "task"},
         ),
+        endpoint=view.endpoint,
     )
 
 
@@ -330,6 +353,7 @@ async def forward_call(
     headers: Mapping[str, str] | None = None,
     caller: Caller | None = None,
     extra: Mapping[str, Any] | None = None,
+    endpoint: str = "",
 ) -> Json:
     """Forward one allowed call to its server; count it, time it and log one line for it.
 
@@ -377,7 +401,7 @@ async def forward_call(
         raise MCPError(e.code, describe(e), e.error.data) from None
     finally:
         elapsed = time.perf_counter() - started
-        registry.metrics.record_call(entry.server, entry.public, outcome, elapsed)
+        registry.metrics.record_call(entry.server, entry.public, outcome, elapsed, endpoint)
         log.info(
             "tool call",
             request_id=request_id,

@@ -165,7 +165,10 @@ def _annotations(tool: Json) -> Mapping[str, Any] | None:
 
 @dataclass
 class Catalog:
-    """The live merged view. `update`/`remove` rebuild it and say whether the listing changed."""
+    """The live merged view. `update`/`remove` rebuild it and say whether the listing changed.
+
+    Tools that `holds` (the pins) holds back are kept in `held`, out of `entries` and the listing.
+    """
 
     version: int = 0
     entries: dict[str, Entry] = field(default_factory=dict)
@@ -175,6 +178,8 @@ class Catalog:
     resources: list[Located] = field(default_factory=list)
     templates: list[Located] = field(default_factory=list)
     clashes: list[str] = field(default_factory=list)
+    held: dict[str, Entry] = field(default_factory=dict)
+    holds: Callable[[Entry], bool] | None = None
     _sets: dict[str, ToolSet] = field(default_factory=dict)
 
     def update(self, toolset: ToolSet) -> bool:
@@ -187,6 +192,14 @@ class Catalog:
         if self._sets.pop(server, None) is None:
             return False
         return self._rebuild()
+
+    def refresh(self) -> bool:
+        """Judge every tool again (after the pins changed); True when the merged listing changed."""
+        return self._rebuild()
+
+    def offered(self, server: str) -> list[Entry]:
+        """Every tool a server offers, held or not."""
+        return [e for e in (*self.entries.values(), *self.held.values()) if e.server == server]
 
     def resolve(self, name: str) -> Entry | None:
         """The entry for a public name, or None."""
@@ -221,6 +234,10 @@ class Catalog:
     def _rebuild(self) -> bool:
         sets = [self._sets[s] for s in sorted(self._sets)]
         entries, collisions = merge(sets)
+        held = {name: e for name, e in entries.items() if self.holds is not None and self.holds(e)}
+        for name in held:
+            del entries[name]
+        self.held = held
         prompts, prompt_collisions = merge(sets, "prompts")
         listing = [e.tool for e in entries.values()]
         self.collisions = sorted(collisions + prompt_collisions, key=lambda c: c.name)

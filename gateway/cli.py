@@ -1,4 +1,4 @@
-"""`manifold serve | check | tools`."""
+"""`manifold serve | check | tools | servers | pins`."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 import os
 import sys
 from typing import Any
+from urllib.parse import quote
 
 import anyio
 
@@ -39,8 +40,12 @@ def _parser() -> argparse.ArgumentParser:
     tools = with_config(commands.add_parser("tools", help="connect to every server and print the merged catalog"))
     tools.add_argument("--json", action="store_true", help="print JSON")
 
-    servers = commands.add_parser("servers", help="manage runtime servers through the admin API")
-    servers.add_argument("--url", default=os.environ.get("MANIFOLD_URL", "http://127.0.0.1:8080"), help="gateway URL")
+    def with_url(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        url = os.environ.get("MANIFOLD_URL", "http://127.0.0.1:8080")
+        p.add_argument("--url", default=url, help="gateway URL (default: $MANIFOLD_URL or http://127.0.0.1:8080)")
+        return p
+
+    servers = with_url(commands.add_parser("servers", help="manage runtime servers through the admin API"))
     actions = servers.add_subparsers(dest="action", required=True)
     actions.add_parser("list", help="every server with its state")
     add = actions.add_parser("add", help="add a runtime server")
@@ -50,6 +55,17 @@ def _parser() -> argparse.ArgumentParser:
     add.add_argument("--options", default="{}", help="further options as a JSON object")
     remove = actions.add_parser("remove", help="remove a runtime server")
     remove.add_argument("name")
+
+    pins = with_url(commands.add_parser("pins", help="review and approve tool definitions through the admin API"))
+    pin_actions = pins.add_subparsers(dest="action", required=True)
+    pin_list = pin_actions.add_parser("list", help="every pinned or offered tool and how it stands")
+    pin_list.add_argument("server", nargs="?")
+    diff = pin_actions.add_parser("diff", help="the pinned and the offered definition of a tool, as a diff")
+    diff.add_argument("server")
+    diff.add_argument("tool")
+    approve = pin_actions.add_parser("approve", help="pin tools as offered now (default: every held tool)")
+    approve.add_argument("server")
+    approve.add_argument("tools", nargs="*")
     return parser
 
 
@@ -58,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "servers":
         return _servers(args)
+    if args.command == "pins":
+        return _pins(args)
     cli = {k: v for k, v in vars(args).items() if k not in ("command", "json")}
     try:
         settings, config = load(cli)
@@ -139,41 +157,50 @@ async def _tools(settings: Settings, config: FileConfig, as_json: bool) -> int:
     return 1 if down and not rows else 0
 
 
-def _servers(args: argparse.Namespace) -> int:
+def _admin(args: argparse.Namespace, method: str, path: str, body: Any = None) -> dict[str, Any] | None:
+    """One admin API request; the JSON answer, or None after printing why it failed."""
     import httpx2
 
     token = os.environ.get("MANIFOLD_ADMIN_TOKEN")
     if not token:
         print("error: set MANIFOLD_ADMIN_TOKEN to the gateway's admin token", file=sys.stderr)
-        return 2
-    headers = {"Authorization": f"Bearer {token}"}
+        return None
     base = args.url.rstrip("/")
     try:
-        if args.action == "list":
-            response = httpx2.get(f"{base}/admin/servers", headers=headers)
-        elif args.action == "add":
-            try:
-                options = json.loads(args.options)
-            except json.JSONDecodeError as e:
-                print(f"error: --options is not valid JSON: {e}", file=sys.stderr)
-                return 2
-            if not isinstance(options, dict):
-                print("error: --options must be a JSON object", file=sys.stderr)
-                return 2
-            if args.server_url:
-                options["url"] = args.server_url
-            if args.credential:
-                options["credential"] = args.credential
-            response = httpx2.post(f"{base}/admin/servers", headers=headers, json={"name": args.name, **options})
-        else:
-            response = httpx2.delete(f"{base}/admin/servers/{args.name}", headers=headers)
+        response = httpx2.request(
+            method, f"{base}{path}", headers={"Authorization": f"Bearer {token}"}, json=body, timeout=30
+        )
     except httpx2.TransportError as e:
         print(f"error: cannot reach {base}: {e}", file=sys.stderr)
-        return 1
-    body = response.json() if response.headers.get("content-type", "").startswith("application/json") else {}
+        return None
+    answer = response.json() if response.headers.get("content-type", "").startswith("application/json") else {}
     if response.status_code >= 400:
-        for line in body.get("errors") or [body.get("error", f"HTTP {response.status_code}")]:
+        for line in answer.get("errors") or [answer.get("error", f"HTTP {response.status_code}")]:
             print(f"error: {line}", file=sys.stderr)
+        return None
+    return dict(answer)
+
+
+def _servers(args: argparse.Namespace) -> int:
+    if args.action == "list":
+        body = _admin(args, "GET", "/admin/servers")
+    elif args.action == "add":
+        try:
+            options = json.loads(args.options)
+        except json.JSONDecodeError as e:
+            print(f"error: --options is not valid JSON: {e}", file=sys.stderr)
+            return 2
+        if not isinstance(options, dict):
+            print("error: --options must be a JSON object", file=sys.stderr)
+            return 2
+        if args.server_url:
+            options["url"] = args.server_url
+        if args.credential:
+            options["credential"] = args.credential
+        body = _admin(args, "POST", "/admin/servers", {"name": args.name, **options})
+    else:
+        body = _admin(args, "DELETE", f"/admin/servers/{quote(args.name, safe='')}")
+    if body is None:
         return 1
     if args.action == "list":
         for server in body["servers"]:
@@ -183,4 +210,37 @@ def _servers(args: argparse.Namespace) -> int:
             )
     else:
         print(json.dumps(body, indent=2))
+    return 0
+
+
+def _pins(args: argparse.Namespace) -> int:
+    if args.action == "list":
+        query = f"?server={quote(args.server, safe='')}" if args.server else ""
+        body = _admin(args, "GET", f"/admin/pins{query}")
+        if body is None:
+            return 1
+        table = [("SERVER", "TOOL", "STATUS", "MODE", "PINNED", "OFFERED")]
+        for row in body["pins"]:
+            status = f"{row['status']} (held)" if row["held"] else row["status"]
+            short = [(d or "-").removeprefix("sha256:")[:12] for d in (row["pinned"], row["offered"])]
+            table.append((row["server"], row["tool"], status, row["mode"], *short))
+        widths = [max(len(r[i]) for r in table) for i in range(5)]
+        for r in table:
+            print("  ".join([*(c.ljust(w) for c, w in zip(r[:5], widths, strict=True)), r[5]]))
+        return 0
+    server = quote(args.server, safe="")
+    if args.action == "diff":
+        body = _admin(args, "GET", f"/admin/pins/{server}/{quote(args.tool, safe='')}")
+        if body is None:
+            return 1
+        print(f"{body['server']}/{body['tool']}: {body['status']}")
+        print(body["diff"] or "(the offered definition is the pinned one)", end="" if body["diff"] else "\n")
+        return 0
+    body = _admin(args, "POST", f"/admin/pins/{server}/approve", {"tools": args.tools})
+    if body is None:
+        return 1
+    approved = body["approved"]
+    print(f"approved {len(approved)} tool(s) of {body['server']}: {', '.join(approved) or '(none held)'}")
+    if body["mode"] == "off":
+        print(f"note: pinning is off for {body['server']}; the pins take effect with `pin: warn` or `pin: hold`")
     return 0

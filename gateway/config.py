@@ -94,6 +94,7 @@ class ToolOverride(BaseModel):
 
 
 Protocol = Literal["auto", "2025-11-25", "2026-07-28"]
+PinMode = Literal["off", "warn", "hold"]
 Isolation = Literal["shared", "conversation"]
 
 
@@ -132,6 +133,7 @@ class ServerSpec(BaseModel):
     isolation: Isolation = "shared"
     idle_timeout: Seconds = 300.0
     max_instances: int = Field(64, ge=1)
+    pin: PinMode | None = None
 
     @model_validator(mode="after")
     def _check(self) -> ServerSpec:
@@ -159,6 +161,13 @@ class ServerSpec(BaseModel):
         if self.command is not None:
             return "stdio"
         return self.transport or "http"
+
+    @property
+    def pin_mode(self) -> PinMode:
+        """`pin`, or by default `hold` for a server that is not trusted and `off` for one that is."""
+        if self.pin is not None:
+            return self.pin
+        return "off" if self.trusted else "hold"
 
     @property
     def effective_prefix(self) -> str:

@@ -60,11 +60,23 @@ class Metrics:
         self.tools_changes = Counter(
             "manifold_tools_changes", "Times a server's offered tools changed", ["server"], registry=r
         )
+        self.tools_held = Gauge(
+            "manifold_tools_held",
+            "Tools held back from listings and calls because their definition does not match its pin",
+            ["server"],
+            registry=r,
+        )
+        self.pin_mismatches = Counter(
+            "manifold_pin_mismatches",
+            "Tool definitions seen that differ from their pin (or have none), by the server's pin mode",
+            ["server", "mode"],
+            registry=r,
+        )
         self.catalog_tools = Gauge("manifold_catalog_tools", "Tools in the merged catalog", registry=r)
         self.tool_calls = Counter(
             "manifold_tool_calls",
-            "Tool calls by server, public tool name and outcome",
-            ["server", "tool", "outcome"],
+            'Tool calls by server, public tool name, outcome and endpoint ("" for /mcp)',
+            ["server", "tool", "outcome", "endpoint"],
             registry=r,
         )
         self.call_duration = Histogram(
@@ -98,10 +110,12 @@ class Metrics:
             (self.upstream_tools, ("server",)),
             (self.upstream_connects, ("server", "outcome")),
             (self.tools_changes, ("server",)),
+            (self.tools_held, ("server",)),
+            (self.pin_mismatches, ("server", "mode")),
             (self.conversation_instances, ("server",)),
             (self.instance_starts, ("server",)),
             (self.instance_stops, ("server", "reason")),
-            (self.tool_calls, ("server", "tool", "outcome")),
+            (self.tool_calls, ("server", "tool", "outcome", "endpoint")),
             (self.call_duration, ("server",)),
             (self.call_retries, ("server",)),
         )
@@ -115,6 +129,7 @@ class Metrics:
             self.upstream_connects.labels(server, outcome)
         self.tools_changes.labels(server)
         self.call_retries.labels(server)
+        self.tools_held.labels(server).set(0)
 
     def remove_server(self, server: str) -> None:
         """Drop every series labelled with `server`: a removed server leaves nothing behind in `/metrics`."""
@@ -142,12 +157,14 @@ class Metrics:
         label = method if method in KNOWN_METHODS else "other"
         self._child(self.downstream_requests, "requests", label).inc()
 
-    def record_call(self, server: str, tool: str, outcome: str, seconds: float | None = None) -> None:
-        """Count one tool call by outcome, and time it when `seconds` is given (not for a removed server, whose
-        series are gone: a call that ends after its server was removed must not bring them back)."""
+    def record_call(
+        self, server: str, tool: str, outcome: str, seconds: float | None = None, endpoint: str = ""
+    ) -> None:
+        """Count one tool call by outcome and endpoint, and time it when `seconds` is given (not for a removed
+        server, whose series are gone: a call that ends after its server was removed must not bring them back)."""
         if server not in self._servers:
             return
-        self._child(self.tool_calls, "calls", server, tool, outcome).inc()
+        self._child(self.tool_calls, "calls", server, tool, outcome, endpoint).inc()
         if seconds is not None:
             self._child(self.call_duration, "duration", server).observe(seconds)
 
@@ -155,6 +172,16 @@ class Metrics:
         """Count one retried call attempt (not for a removed server)."""
         if server in self._servers:
             self.call_retries.labels(server).inc()
+
+    def set_held(self, server: str, count: int) -> None:
+        """Set how many of a server's tools are held by their pins (not for a removed server)."""
+        if server in self._servers:
+            self.tools_held.labels(server).set(count)
+
+    def count_pin_mismatch(self, server: str, mode: str) -> None:
+        """Count one tool definition seen unlike its pin (not for a removed server)."""
+        if server in self._servers:
+            self.pin_mismatches.labels(server, mode).inc()
 
     def set_instances(self, server: str, count: int) -> None:
         """Set a server's number of open per-conversation connections (not for a removed server)."""

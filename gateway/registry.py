@@ -9,12 +9,15 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from gateway.admin.store import Store, StoreError
+from gateway.admin.store.memory import MemoryStore
 from gateway.catalog import Catalog, Collision, Json, ToolSet
-from gateway.config import ServerSpec
+from gateway.config import PinMode, ServerSpec
 from gateway.conversations import Conversations
 from gateway.egress import EgressPolicy
 from gateway.logs import get_logger
 from gateway.metrics import Metrics
+from gateway.pins import Pins
 from gateway.upstream.connection import Upstream
 from gateway.upstream.errors import State, describe
 
@@ -41,8 +44,10 @@ class Registry:
         credentials: Mapping[str, Any] | None = None,
         *,
         fast: bool = True,
+        store: Store | None = None,
     ) -> None:
-        self.catalog = Catalog()
+        self.pins = Pins(store or MemoryStore(), self._pin_mode)
+        self.catalog = Catalog(holds=self.pins.holds)
         self._fast = fast
         self.metrics = Metrics()
         self.conversations = Conversations(self.metrics, environ, credentials or {}, fast=fast)
@@ -59,6 +64,10 @@ class Registry:
         self._changing = anyio.Lock()
         for spec in specs:
             self._create(spec, "config", None)
+
+    def _pin_mode(self, server: str) -> PinMode:
+        upstream = self.upstreams.get(server)
+        return upstream.spec.pin_mode if upstream is not None else "off"
 
     def _create(self, spec: ServerSpec, source: str, egress: EgressPolicy | None) -> Upstream:
         self.metrics.add_server(spec.name)
@@ -175,6 +184,7 @@ class Registry:
         async with anyio.create_task_group() as tg:
             self._tg = tg
             tg.start_soon(self.conversations.run)
+            await self._read_pins()
             for upstream in self.upstreams.values():
                 self._start(upstream)
             try:
@@ -235,11 +245,14 @@ class Registry:
                 if name not in offered:
                     log.warning("override names no tool the server offers", server=spec.name, tool=name[:128])
             changed = self.catalog.update(toolset)
+            if spec.pin_mode != "off" and self.pins.loaded and not self.pins.seen(spec.name):
+                changed |= await self._pin_first_listing(spec.name)
         else:
             changed = self.catalog.remove(upstream.name)
         self.metrics.upstream_up.labels(upstream.name).set(1 if up else 0)
         self.metrics.upstream_tools.labels(upstream.name).set(len(tools))
         self.metrics.catalog_tools.set(len(self.catalog.entries))
+        self._observe_pins([upstream.name])
         if self._published.get(upstream.name, ()) != tools:
             self._published[upstream.name] = tools
             self.metrics.tools_changes.labels(upstream.name).inc()
@@ -257,6 +270,72 @@ class Registry:
         self._clashes = list(self.catalog.clashes)
         if changed:
             await self._notify()
+
+    async def _read_pins(self) -> bool:
+        """Read the pins from the store; True when they changed. A store that cannot be read is logged and
+        leaves the pins as they were (before the first read, `hold` servers' tools stay held)."""
+        try:
+            with anyio.fail_after(10):
+                if not self.pins.loaded:
+                    await self.pins.store.start()  # creates what is missing; the runtime may not have yet
+                return await self.pins.load()
+        except (StoreError, TimeoutError) as e:
+            log.error("pins cannot be read from the store; held tools stay held", reason=describe(e))
+            return False
+
+    async def _pin_first_listing(self, server: str) -> bool:
+        """Pin a server's first complete listing; True when the merged listing changed."""
+        try:
+            await self.pins.first_use(server, self.catalog.offered(server))
+        except StoreError as e:
+            log.error("first listing could not be pinned", server=server, reason=describe(e))
+        return self.catalog.refresh()
+
+    def _observe_pins(self, servers: Iterable[str]) -> None:
+        """Log and count definitions unlike their pins, and export how many tools each server has held."""
+        for server in servers:
+            mode = self._pin_mode(server)
+            if mode == "off":
+                continue
+            for entry in self.catalog.offered(server):
+                if self.pins.report(self.pins.judge(entry)):
+                    self.metrics.count_pin_mismatch(server, mode)
+            self.metrics.set_held(server, sum(1 for e in self.catalog.held.values() if e.server == server))
+
+    async def refresh_pins(self) -> None:
+        """Re-read the pins (another replica may have approved some) and judge every tool again."""
+        changed = await self._read_pins()
+        if not self.pins.loaded:
+            return
+        for name, upstream in list(self.upstreams.items()):
+            if upstream.state is State.UP and upstream.spec.pin_mode != "off" and not self.pins.seen(name):
+                changed |= await self._pin_first_listing(name)
+        listing_changed = changed and self.catalog.refresh()
+        self._observe_pins(list(self.upstreams))
+        if listing_changed:
+            self.metrics.catalog_tools.set(len(self.catalog.entries))
+            await self._notify()
+
+    async def approve(self, server: str, tools: Iterable[str]) -> list[str]:
+        """Pin tools of a server as offered now (all its held tools when `tools` is empty); the tools pinned.
+        `KeyError` names a tool the server does not offer."""
+        offered = {e.original: e for e in self.catalog.offered(server)}
+        by_public = {e.public: e for e in offered.values()}
+        wanted = list(tools)
+        chosen = []
+        for name in wanted:
+            entry = offered.get(name) or by_public.get(name)
+            if entry is None:
+                raise KeyError(name)
+            chosen.append(entry)
+        if not wanted:
+            chosen = [e for e in self.catalog.held.values() if e.server == server]
+        pins = await self.pins.approve(chosen)
+        if self.catalog.refresh():
+            self.metrics.catalog_tools.set(len(self.catalog.entries))
+            await self._notify()
+        self._observe_pins([server])
+        return [pin.tool for pin in pins]
 
     async def _notify(self) -> None:
         """Tell every listener; one that fails is logged and the others are still told. This runs in an

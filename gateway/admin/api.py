@@ -11,6 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from gateway.admin.pins import pin_handlers
 from gateway.admin.servers import Runtime, RuntimeError_
 from gateway.registry import Registry
 from gateway.upstream.connection import Upstream
@@ -117,7 +118,11 @@ def admin_routes(
             return error(e.status, "the config file was not applied", e.errors)
         return JSONResponse({"changes": changes})
 
+    pins = pin_handlers(registry)
     return [
+        Route("/admin/pins", guarded(pins["list_pins"]), methods=["GET"]),
+        Route("/admin/pins/{server}/approve", guarded(pins["approve_pins"]), methods=["POST"]),
+        Route("/admin/pins/{server}/{tool:path}", guarded(pins["diff_pin"]), methods=["GET"]),
         Route("/admin/servers", guarded(list_servers), methods=["GET"]),
         Route("/admin/servers", guarded(add_server), methods=["POST"]),
         Route("/admin/servers/{name}", guarded(get_server), methods=["GET"]),

@@ -197,6 +197,12 @@ class Runtime:
         except Exception as e:
             log.error("reconcile failed; the next round tries again", reason=f"{type(e).__name__}: {describe(e)}")
 
+    async def _refresh_pins_or_log(self) -> None:
+        try:
+            await self.registry.refresh_pins()
+        except Exception as e:
+            log.error("pins refresh failed; the next round tries again", reason=f"{type(e).__name__}: {describe(e)}")
+
     async def run(self) -> None:
         """Load the store, then follow its change announcements and re-read it every `reconcile_interval`."""
         try:
@@ -212,10 +218,14 @@ class Runtime:
                     await self._wake.wait()
                 self._wake = anyio.Event()
                 await self._reconcile_or_log()
+                await self._refresh_pins_or_log()
 
     async def _follow_changes(self) -> None:
         async for reason in self.store.changes():
             if reason.startswith("error: "):
                 self._degraded(reason.removeprefix("error: "))
                 continue
-            await self._reconcile_or_log()
+            if not reason.startswith("pins "):
+                await self._reconcile_or_log()
+            if reason.startswith("pins ") or reason == "subscribed":
+                await self._refresh_pins_or_log()

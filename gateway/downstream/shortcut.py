@@ -182,6 +182,8 @@ class Shortcut:
         if _talks(meta) if modern else self.frontend.sessions.talks(session_id or ""):
             return False  # a client that can be asked things or wants log lines is served with its call's stream
         entry = self.registry.catalog.resolve(name)
+        if entry is None and name in self.registry.catalog.held:
+            return False  # the SDK path words the refusal of a held tool
         if entry is not None and view.confirms(entry):
             return False  # a confirmation needs the SDK's back-channel (2025) or input rounds (2026)
         if modern and entry is not None and (arguments or any(h.startswith(PARAM_HEADER_PREFIX) for h in headers)):
@@ -211,6 +213,7 @@ class Shortcut:
                         request_id=request_id,
                         version=version,
                         headers=headers,
+                        endpoint=view.endpoint,
                     )
                 except MCPError as e:
                     failure = e

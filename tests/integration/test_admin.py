@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import select
-import shutil
 import signal
 import socket
 import sqlite3
@@ -23,10 +22,11 @@ import redis
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.fixtures.servers import free_port, run_http_fixture, stdio_spec
+from tests.fixtures.servers import run_http_fixture, stdio_spec
 from tests.integration.conftest import (
     ROOT,
     Gateway,
+    RedisServer,
     connect,
     group_alive,
     run_gateway,
@@ -39,7 +39,6 @@ pytestmark = pytest.mark.anyio
 TOKEN = "admin-test-token-1f2e3d"
 SECRET = "cred-5ecret-abcdef-98765"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-REDIS = shutil.which("redis-server")
 
 
 def admin_config(**extra: Any) -> dict[str, Any]:
@@ -193,57 +192,6 @@ async def test_sqlite_store_survives_a_restart(tmp_path: Path) -> None:
             assert api(gw, "DELETE", "/admin/servers/web").status_code == 200
         with run_gateway(tmp_path, config, env=ENV) as gw:
             assert api(gw, "GET", "/admin/servers/web").status_code == 404
-
-
-class RedisServer:
-    def __init__(self, directory: Path) -> None:
-        self.port = free_port()
-        self.directory = directory
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        assert REDIS is not None
-        self.proc = subprocess.Popen(
-            [
-                REDIS,
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--dir",
-                str(self.directory),
-                "--save",
-                "1 1",
-                "--appendonly",
-                "no",
-                "--protected-mode",
-                "no",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 10
-        while (
-            subprocess.run(["redis-cli", "-p", str(self.port), "ping"], capture_output=True).stdout.strip() != b"PONG"
-        ):
-            assert time.monotonic() < deadline, "redis-server did not start"
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.send_signal(signal.SIGTERM)  # saves the data set first
-            self.proc.wait(10)
-            self.proc = None
-
-
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    if REDIS is None:
-        pytest.skip("redis-server is not installed")
-    server = RedisServer(tmp_path)
-    server.start()
-    yield server
-    server.stop()
 
 
 def names_on(gw: Gateway) -> list[str]:
@@ -411,7 +359,9 @@ async def test_a_removed_runtime_server_leaves_no_metric_series(tmp_path: Path) 
         left = [(name, labels) for name, labels in scrape_series(gw) if labels.get("server") == "web"]
         assert left == [], left
         kept = [labels for name, labels in scrape_series(gw) if name == "manifold_tool_calls_total"]
-        assert {"server": "fx", "tool": "fx__echo", "outcome": "ok"} in kept, "other servers' series stay"
+        assert {"server": "fx", "tool": "fx__echo", "outcome": "ok", "endpoint": ""} in kept, (
+            "other servers' series stay"
+        )
 
         # The same name added again starts from zero.
         assert api(gw, "POST", "/admin/servers", json={"name": "web", "url": web.url}).status_code == 201

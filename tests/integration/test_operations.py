@@ -65,8 +65,11 @@ async def test_metrics_follow_a_server_down_and_up(tmp_path: Path) -> None:
             with pytest.raises(MCPError):
                 await modern.call("not__a_tool", {})
             m = scrape(metrics)
-            assert value(m, "manifold_tool_calls_total", server="fx", tool="fx__echo", outcome="ok") == 2
-            assert value(m, "manifold_tool_calls_total", server="fx", tool="fx__fail", outcome="tool_error") == 1
+            assert value(m, "manifold_tool_calls_total", server="fx", tool="fx__echo", outcome="ok", endpoint="") == 2
+            assert (
+                value(m, "manifold_tool_calls_total", server="fx", tool="fx__fail", outcome="tool_error", endpoint="")
+                == 1
+            )
             assert not [k for k in m if k[0] == "manifold_tool_calls_total" and ("tool", "not__a_tool") in k[1]]
             assert value(m, "manifold_tool_call_duration_seconds_count", server="fx") == 3
             assert value(m, "manifold_downstream_requests_total", method="tools/call") == 4
@@ -81,7 +84,7 @@ async def test_metrics_follow_a_server_down_and_up(tmp_path: Path) -> None:
             await wait_until(lambda: value(scrape(metrics), "manifold_upstream_up", server="fx") == 1)
             m = scrape(metrics)
             assert value(m, "manifold_upstream_tools", server="fx") == 3
-            assert value(m, "manifold_upstream_connects_total", server="fx", outcome="ok") == 2
+            assert value(m, "manifold_upstream_connects_total", server="fx", outcome="ok", endpoint="") == 2
             assert value(m, "manifold_tools_changes_total", server="fx") == 3
 
 
@@ -97,8 +100,10 @@ async def test_retries_and_unavailable_are_counted(tmp_path: Path) -> None:
                 os.kill(upstream_pids(gw, "fx")[0], signal.SIGKILL)
         m = scrape(f"{gw.base}/metrics")
         assert value(m, "manifold_tool_call_retries_total", server="fx") >= 1
-        assert value(m, "manifold_tool_calls_total", server="fx", tool="fx__slow", outcome="unavailable") == 1
-        assert value(m, "manifold_tool_calls_total", server="fx", tool="fx__slow_read", outcome="ok") == 1
+        assert (
+            value(m, "manifold_tool_calls_total", server="fx", tool="fx__slow", outcome="unavailable", endpoint="") == 1
+        )
+        assert value(m, "manifold_tool_calls_total", server="fx", tool="fx__slow_read", outcome="ok", endpoint="") == 1
 
 
 def test_readyz_waits_for_required_servers(tmp_path: Path) -> None:

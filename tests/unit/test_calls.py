@@ -25,7 +25,7 @@ TOOLS = (
 
 def _registry() -> Registry:
     problems: list[str] = []
-    spec = parse_server("fx", {"command": "fx"}, "servers.fx", problems)
+    spec = parse_server("fx", {"command": "fx", "pin": "off"}, "servers.fx", problems)
     assert spec is not None and not problems
     registry = Registry([spec])
     from gateway.catalog import ToolSet

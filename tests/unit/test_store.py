@@ -184,3 +184,48 @@ async def test_a_running_server_whose_row_turns_bad_keeps_running(tmp_path: Path
         await store.remove("fx")
         await runtime.reconcile()
         assert "fx" not in registry.upstreams and runtime.bad_rows == {}
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "redis"])
+async def test_records_put_only_new_and_read_back(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    from gateway.admin.store.memory import MemoryStore
+
+    store: Store
+    if kind == "memory":
+        store = MemoryStore()
+    elif kind == "sqlite":
+        store = SqliteStore(str(tmp_path / "records.db"))
+    else:
+        store = RedisStore(f"redis://127.0.0.1:{request.getfixturevalue('redis_port')}/0")
+    await store.start()
+    try:
+        assert (await store.records("pins")).servers == {}
+        assert await store.put_record("pins", "fx/a", {"digest": "1"}, only_new=True)
+        assert not await store.put_record("pins", "fx/a", {"digest": "2"}, only_new=True), "only_new keeps the first"
+        assert await store.put_record("pins", "fx/b", {"digest": "3"})
+        assert await store.put_record("pins", "fx/b", {"digest": "4"}), "a plain put overwrites"
+        assert await store.put_record("other", "fx/a", {"x": 1})
+        assert (await store.records("pins")).servers == {"fx/a": {"digest": "1"}, "fx/b": {"digest": "4"}}
+        assert (await store.records("other")).servers == {"fx/a": {"x": 1}}
+        assert (await store.load()).servers == {}, "records are not servers"
+    finally:
+        await store.close()
+
+
+async def test_a_corrupt_pin_row_is_set_aside_by_key(tmp_path: Path) -> None:
+    from gateway.pins import Pins
+
+    store = SqliteStore(str(tmp_path / "pins.db"))
+    await store.start()
+    await store.put_record("pins", "fx/good", {"digest": "sha256:1", "definition": {"name": "fx__good"}})
+    connection = sqlite3.connect(tmp_path / "pins.db")
+    with connection:
+        connection.execute("INSERT INTO records VALUES ('pins', 'fx/cut', ?)", (b'{"digest": "' + ROW_TEXT.encode(),))
+        connection.execute("INSERT INTO records VALUES ('pins', 'fx/odd', ?)", (json.dumps({"digest": 5}),))
+    connection.close()
+    pins = Pins(store, lambda _: "hold")
+    with capture_logs() as logs:
+        assert await pins.load()
+    assert [(p.server, p.tool) for p in pins.pins()] == [("fx", "good")]
+    assert sorted(e["pin"] for e in logs if e["event"].startswith("stored pin cannot be read")) == ["fx/cut", "fx/odd"]
+    assert ROW_TEXT not in json.dumps(logs)

@@ -1,4 +1,5 @@
-"""Stores of runtime-added servers: memory (this process), SQLite (one node), Redis (shared by replicas)."""
+"""Stores of what the gateway learns at run time: memory (this process), SQLite (one node), Redis (shared by
+replicas). Two kinds of rows: runtime-added servers, and records (keyed JSON objects, such as tool pins)."""
 
 from __future__ import annotations
 
@@ -66,8 +67,16 @@ class Store(Protocol):
     async def remove(self, name: str) -> bool:
         """Delete a server; False when there was none."""
 
+    async def records(self, kind: str) -> Loaded:
+        """Every record of one kind (key -> JSON object, in `Loaded.servers`), and the keys that cannot be read."""
+
+    async def put_record(self, kind: str, key: str, value: Options, *, only_new: bool = False) -> bool:
+        """Write a record (with `only_new`, only where the key is free); True when written. Announced on
+        `changes()` as `"{kind} {key}"`."""
+
     def changes(self) -> AsyncIterator[str]:
-        """Yield a reason each time the store may have changed elsewhere (forever; empty for local stores)."""
+        """Yield a reason each time the store may have changed elsewhere (forever; empty for local stores):
+        `add NAME`, `remove NAME`, `{kind} {key}` for a record, or `subscribed` after each (re)subscription."""
 
 
 def open_store(url: str | None) -> Store:

@@ -16,6 +16,7 @@ class MemoryStore:
 
     def __init__(self) -> None:
         self._servers: dict[str, Options] = {}
+        self._records: dict[str, dict[str, Options]] = {}
 
     async def start(self) -> None:
         return None
@@ -34,6 +35,16 @@ class MemoryStore:
 
     async def remove(self, name: str) -> bool:
         return self._servers.pop(name, None) is not None
+
+    async def records(self, kind: str) -> Loaded:
+        return Loaded(dict(sorted(self._records.get(kind, {}).items())))
+
+    async def put_record(self, kind: str, key: str, value: Options, *, only_new: bool = False) -> bool:
+        rows = self._records.setdefault(kind, {})
+        if only_new and key in rows:
+            return False
+        rows[key] = dict(value)
+        return True
 
     async def changes(self) -> AsyncIterator[str]:
         await anyio.sleep_forever()

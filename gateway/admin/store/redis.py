@@ -14,6 +14,7 @@ from redis.exceptions import RedisError
 from gateway.admin.store import Loaded, Options, StoreError, decode_rows
 
 KEY = "manifold:servers"
+RECORDS = "manifold:records:"  # one hash per kind of record
 CHANNEL = "manifold:servers:changed"
 
 
@@ -74,6 +75,27 @@ class RedisStore:
         except (RedisError, OSError) as e:
             raise self._error(e) from None
         return bool(removed)
+
+    async def records(self, kind: str) -> Loaded:
+        try:
+            raw = await self._client.hgetall(RECORDS + kind)
+        except (RedisError, OSError) as e:
+            raise self._error(e) from None
+        return decode_rows(raw.items())
+
+    async def put_record(self, kind: str, key: str, value: Options, *, only_new: bool = False) -> bool:
+        text = json.dumps(value, sort_keys=True)
+        try:
+            if only_new:
+                written = bool(await self._client.hsetnx(RECORDS + kind, key, text))
+            else:
+                await self._client.hset(RECORDS + kind, key, text)
+                written = True
+            if written:
+                await self._client.publish(CHANNEL, f"{kind} {key}")
+        except (RedisError, OSError) as e:
+            raise self._error(e) from None
+        return written
 
     async def changes(self) -> AsyncIterator[str]:
         """Yield on every published change, and once after each (re)subscription; retry while Redis is down."""

@@ -17,7 +17,8 @@ T = TypeVar("T")
 
 
 class SqliteStore:
-    """One table, `servers(name PRIMARY KEY, options JSON)`; every query in a worker thread."""
+    """Two tables, `servers(name PRIMARY KEY, options JSON)` and `records(kind, key, value JSON)`; every query
+    in a worker thread."""
 
     kind = "sqlite"
 
@@ -45,9 +46,15 @@ class SqliteStore:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise StoreError(f"sqlite store {self.path}: {e.strerror or e}") from None
-        await self._run(
-            lambda c: c.execute("CREATE TABLE IF NOT EXISTS servers (name TEXT PRIMARY KEY, options TEXT NOT NULL)")
-        )
+
+        def create(c: sqlite3.Connection) -> None:
+            c.execute("CREATE TABLE IF NOT EXISTS servers (name TEXT PRIMARY KEY, options TEXT NOT NULL)")
+            c.execute(
+                "CREATE TABLE IF NOT EXISTS records (kind TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL,"
+                " PRIMARY KEY (kind, key))"
+            )
+
+        await self._run(create)
 
     async def close(self) -> None:
         return None
@@ -68,6 +75,21 @@ class SqliteStore:
 
     async def remove(self, name: str) -> bool:
         count = await self._run(lambda c: c.execute("DELETE FROM servers WHERE name = ?", (name,)).rowcount)
+        return bool(count)
+
+    async def records(self, kind: str) -> Loaded:
+        def rows(c: sqlite3.Connection) -> list[tuple[object, object]]:
+            c.text_factory = bytes
+            return c.execute("SELECT key, value FROM records WHERE kind = ? ORDER BY key", (kind,)).fetchall()
+
+        return decode_rows(await self._run(rows))
+
+    async def put_record(self, kind: str, key: str, value: Options, *, only_new: bool = False) -> bool:
+        text = json.dumps(value, sort_keys=True)
+        verb = "INSERT OR IGNORE" if only_new else "INSERT OR REPLACE"
+        count = await self._run(
+            lambda c: c.execute(f"{verb} INTO records (kind, key, value) VALUES (?, ?, ?)", (kind, key, text)).rowcount
+        )
         return bool(count)
 
     async def changes(self) -> AsyncIterator[str]:

@@ -1,0 +1,127 @@
+"""The admin API's pin operations: list pins and their standing, diff one tool, approve tools."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from gateway.admin.store import StoreError
+from gateway.catalog import Entry
+from gateway.pins import Judged, Pin, readable_diff, visible
+from gateway.registry import Registry
+
+MAX_BODY = 64 * 1024
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def _pin_body(pin: Pin | None) -> dict[str, Any] | None:
+    if pin is None:
+        return None
+    return {"digest": pin.digest, "how": pin.how, "at": pin.at, "definition": pin.definition}
+
+
+def standing(registry: Registry, server: str) -> list[dict[str, Any]]:
+    """Every tool of a server that is offered or pinned, with how it stands against its pin."""
+    mode = registry.upstreams[server].spec.pin_mode
+    rows: dict[str, dict[str, Any]] = {}
+    for entry in registry.catalog.offered(server):
+        judged = registry.pins.judge(entry)
+        rows[entry.original] = {
+            "server": server,
+            "tool": entry.original,
+            "public": entry.public,
+            "mode": mode,
+            "status": judged.status,
+            "held": entry.public in registry.catalog.held,
+            "offered": judged.offered,
+            "pinned": judged.pin.digest if judged.pin is not None else None,
+        }
+    for pin in registry.pins.pins(server):
+        rows.setdefault(
+            pin.tool,
+            {
+                "server": server,
+                "tool": pin.tool,
+                "public": None,
+                "mode": mode,
+                "status": "absent",
+                "held": False,
+                "offered": None,
+                "pinned": pin.digest,
+            },
+        )
+    return [rows[name] for name in sorted(rows)]
+
+
+def _find(registry: Registry, server: str, tool: str) -> Entry | None:
+    for entry in registry.catalog.offered(server):
+        if tool in (entry.original, entry.public):
+            return entry
+    return None
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def pin_handlers(registry: Registry) -> dict[str, Handler]:
+    """The handlers, by name: `list_pins`, `diff_pin`, `approve_pins` (the caller guards them)."""
+
+    async def list_pins(request: Request) -> Response:
+        only = request.query_params.get("server")
+        if only is not None and only not in registry.upstreams:
+            return _error(404, f"no server named {only!r}")
+        servers = [only] if only is not None else sorted(registry.upstreams)
+        return JSONResponse({"pins": [row for server in servers for row in standing(registry, server)]})
+
+    async def diff_pin(request: Request) -> Response:
+        server, tool = request.path_params["server"], request.path_params["tool"]
+        if server not in registry.upstreams:
+            return _error(404, f"no server named {server!r}")
+        entry = _find(registry, server, tool)
+        original = entry.original if entry is not None else tool
+        pin = registry.pins.pin_of(server, original)
+        if entry is None and pin is None:
+            return _error(404, f"server {server!r} neither offers nor has a pin for a tool named {tool!r}")
+        judged: Judged | None = registry.pins.judge(entry) if entry is not None else None
+        offered = visible(entry.tool) if entry is not None else None
+        return JSONResponse(
+            {
+                "server": server,
+                "tool": original,
+                "public": entry.public if entry is not None else None,
+                "status": judged.status if judged is not None else "absent",
+                "pinned": _pin_body(pin),
+                "offered": {"digest": judged.offered, "definition": offered} if judged is not None else None,
+                "diff": readable_diff(pin.definition if pin is not None else None, offered, server, original),
+            }
+        )
+
+    async def approve_pins(request: Request) -> Response:
+        server = request.path_params["server"]
+        if server not in registry.upstreams:
+            return _error(404, f"no server named {server!r}")
+        raw = await request.body()
+        if len(raw) > MAX_BODY:
+            return _error(413, f"the body is over {MAX_BODY} bytes")
+        try:
+            body = json.loads(raw) if raw.strip() else {}
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            return _error(400, f"the body is not valid JSON: {e}")
+        tools = body.get("tools", []) if isinstance(body, dict) else None
+        if not isinstance(tools, list) or not all(isinstance(t, str) for t in tools):
+            return _error(400, 'the body must be {"tools": [tool names]} (empty or absent: every held tool)')
+        try:
+            approved = await registry.approve(server, tools)
+        except KeyError as e:
+            return _error(404, f"server {server!r} offers no tool named {e.args[0]!r}")
+        except StoreError as e:
+            return _error(503, f"the store is unavailable: {e}")
+        mode = registry.upstreams[server].spec.pin_mode
+        return JSONResponse({"server": server, "approved": approved, "mode": mode})
+
+    return {"list_pins": list_pins, "diff_pin": diff_pin, "approve_pins": approve_pins}
