@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from gateway.catalog import Entry
 
 GatedPolicy = Literal["allow", "deny", "confirm"]
+Exposure = Literal["direct", "deferred"]
 MayAdd = Literal["none", "http", "stdio"]
 
 
@@ -30,6 +31,7 @@ class TokenSpec(BaseModel):
     rate: float | None = Field(None, gt=0, description="requests per second")
     burst: int | None = Field(None, ge=1)
     may_add: MayAdd = "none"
+    exposure: Exposure | None = None
 
     @model_validator(mode="after")
     def _one_secret(self) -> TokenSpec:
@@ -52,6 +54,7 @@ class EndpointSpec(BaseModel):
 
     servers: list[str] = Field(default_factory=lambda: ["*"])
     tools: list[str] = Field(default_factory=lambda: ["*"])
+    exposure: Exposure | None = None
 
 
 ENDPOINT_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
@@ -86,6 +89,7 @@ class View:
     gated: GatedPolicy = "allow"
     may_add: MayAdd = "none"
     within: tuple[View, ...] = ()  # further views this one is narrowed to (a curated endpoint's)
+    exposure: Exposure | None = None  # the token's, else the endpoint's; None: the gateway's
 
     def allows(self, entry: Entry) -> bool:
         """Whether the tool is visible (and callable) for this caller."""
@@ -101,7 +105,10 @@ class View:
     def at(self, endpoint: str, spec: EndpointSpec) -> View:
         """This view as seen through a curated endpoint: the intersection of both."""
         narrowing = View(f"endpoint:{endpoint}", tuple(spec.servers), tuple(spec.tools))
-        return View(f"{self.name}@{endpoint}", self.servers, self.tools, self.gated, self.may_add, (narrowing,))
+        exposure = self.exposure or spec.exposure
+        return View(
+            f"{self.name}@{endpoint}", self.servers, self.tools, self.gated, self.may_add, (narrowing,), exposure
+        )
 
     @property
     def endpoint(self) -> str:
@@ -118,5 +125,7 @@ OPEN_VIEW = View("anonymous")
 
 def views_for(tokens: Iterable[TokenSpec], endpoints: Mapping[str, EndpointSpec] | None = None) -> list[View]:
     """One view per token (the open view when there are no tokens), and each of them at each endpoint."""
-    views = [View(t.name, tuple(t.servers), tuple(t.tools), t.gated, t.may_add) for t in tokens] or [OPEN_VIEW]
+    views = [
+        View(t.name, tuple(t.servers), tuple(t.tools), t.gated, t.may_add, exposure=t.exposure) for t in tokens
+    ] or [OPEN_VIEW]
     return views + [view.at(name, spec) for name, spec in (endpoints or {}).items() for view in views]

@@ -33,7 +33,7 @@ def build_app(settings: Settings, config: FileConfig, environ: Mapping[str, str]
     registry = Registry(config.servers, environ, credentials=settings.credentials, fast=settings.fast_path, store=store)
     registry.conversations.max_total = settings.max_conversation_instances
     confirm_key = settings.confirm_key.get_secret_value().encode() if settings.confirm_key else None
-    frontend = Frontend(registry, views_for(settings.auth.tokens, settings.endpoints), confirm_key)
+    frontend = Frontend(registry, views_for(settings.auth.tokens, settings.endpoints), confirm_key, settings.exposure)
     runtime = Runtime(registry, store, settings)
     frontend.egress = runtime.egress
     security = transport_security(settings.allowed_hosts, settings.allowed_origins)

@@ -51,6 +51,7 @@ class Entry:
     original: str
     labels: Labels
     tool: Json
+    base: str = ""  # the public name before a collision added its hash ("" when the same as `public`)
 
     @property
     def input_schema(self) -> Json | None:
@@ -154,7 +155,9 @@ def merge(toolsets: Iterable[ToolSet], kind: str = "tools") -> tuple[dict[str, E
             labels = labels_for(_annotations(tool), trusted=ts.trusted, gated=ts.gated)
         else:
             labels = labels_for({"readOnlyHint": True}, trusted=ts.trusted, gated=False)
-        entries[final] = Entry(final, ts.server, tool["name"], labels, publish(tool, final, ts.server, labels, kind))
+        base = public_name(ts.prefix, ts.server, str(tool.get(RENAMED, tool["name"])))
+        published = publish(tool, final, ts.server, labels, kind)
+        entries[final] = Entry(final, ts.server, tool["name"], labels, published, "" if base == final else base)
     return dict(sorted(entries.items())), sorted(collisions, key=lambda c: c.name)
 
 

@@ -36,7 +36,12 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="serve a non-loopback address without API tokens",
     )
-    with_config(commands.add_parser("check", help="validate the config and report every problem"))
+    check = with_config(commands.add_parser("check", help="validate the config and report every problem"))
+    check.add_argument(
+        "--connect",
+        action="store_true",
+        help="also connect to every server and report overrides that name no tool it offers",
+    )
     tools = with_config(commands.add_parser("tools", help="connect to every server and print the merged catalog"))
     tools.add_argument("--json", action="store_true", help="print JSON")
 
@@ -76,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         return _servers(args)
     if args.command == "pins":
         return _pins(args)
-    cli = {k: v for k, v in vars(args).items() if k not in ("command", "json")}
+    cli = {k: v for k, v in vars(args).items() if k not in ("command", "json", "connect")}
     try:
         settings, config = load(cli)
     except ConfigError as e:
@@ -86,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         return _serve(settings, config)
     if args.command == "check":
-        return _check(settings, config)
+        status = _check(settings, config)
+        return anyio.run(_check_offers, settings, config) if status == 0 and args.connect else status
     return anyio.run(_tools, settings, config, args.json)
 
 
@@ -123,6 +129,36 @@ def _check(settings: Settings, config: FileConfig) -> int:
     disabled = len(config.servers) - len(enabled)
     print(f"{settings.config}: ok ({len(enabled)} servers enabled, {disabled} disabled)")
     return 0
+
+
+async def _check_offers(settings: Settings, config: FileConfig) -> int:
+    """Connect to every server and report each override that names no tool the server offers (a typo)."""
+    from gateway.logs import configure
+    from gateway.registry import Registry
+    from gateway.upstream.errors import State
+
+    configure("error", "console")
+    registry = Registry(config.servers, credentials=settings.credentials)
+    problems: list[str] = []
+    async with registry.running():
+        await registry.wait_settled(max((s.startup_timeout for s in config.servers), default=0) + 2)
+        for upstream in registry.upstreams.values():
+            if upstream.state is State.DISABLED:
+                continue
+            if upstream.state is not State.UP:
+                print(f"warning: server {upstream.name!r} is {upstream.state.value}: {upstream.error}", file=sys.stderr)
+                continue
+            offered = {t["name"] for t in upstream.tools}
+            problems += [
+                f"servers.{upstream.name}.tools.{name}: the server offers no tool named {name!r}"
+                for name in upstream.spec.tools
+                if name not in offered
+            ]
+    for problem in problems:
+        print(f"error: {problem}", file=sys.stderr)
+    if not problems:
+        print("every override names a tool its server offers")
+    return 1 if problems else 0
 
 
 async def _tools(settings: Settings, config: FileConfig, as_json: bool) -> int:

@@ -83,6 +83,7 @@ class ToolOverride(BaseModel):
     title: str | None = None
     description: str | None = None
     annotations: dict[str, Any] | None = None
+    always: bool = False  # listed even when the gateway's exposure is deferred
 
     @model_validator(mode="after")
     def _known_hints(self) -> ToolOverride:

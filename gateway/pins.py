@@ -32,9 +32,13 @@ VISIBLE = ("name", "title", "description", "inputSchema", "outputSchema", "annot
 Json = dict[str, Any]
 
 
-def visible(tool: Json) -> Json:
-    """What the model sees of a served tool (its `_meta` labels are the gateway's own, not the server's)."""
-    return {key: tool[key] for key in VISIBLE if key in tool}
+def visible(entry: Entry) -> Json:
+    """What the model sees of a served tool (its `_meta` labels are the gateway's own, not the server's). The
+    name is the one before a collision's hash: another server arriving must not re-hold a reviewed tool."""
+    definition = {key: entry.tool[key] for key in VISIBLE if key in entry.tool}
+    if entry.base:
+        definition["name"] = entry.base
+    return definition
 
 
 def digest(definition: Json) -> str:
@@ -117,7 +121,7 @@ class Pins:
 
     def judge(self, entry: Entry) -> Judged:
         """How an offered tool stands against its pin."""
-        offered = digest(visible(entry.tool))
+        offered = digest(visible(entry))
         if not self.loaded:
             return Judged(entry, "unknown", offered, None)
         pin = self._pins.get((entry.server, entry.original))
@@ -158,7 +162,7 @@ class Pins:
         """Pin a server's first complete listing as offered (where no replica pinned it first)."""
         now = time.time()
         for entry in entries:
-            definition = visible(entry.tool)
+            definition = visible(entry)
             pin = Pin(server, entry.original, digest(definition), definition, "first use", now)
             await self.store.put_record(KIND, pin_key(server, entry.original), pin.row(), only_new=True)
         await self.store.put_record(KIND, pin_key(server, SEEN), {"at": now}, only_new=True)
@@ -170,7 +174,7 @@ class Pins:
         now = time.time()
         written = []
         for entry in entries:
-            definition = visible(entry.tool)
+            definition = visible(entry)
             pin = Pin(entry.server, entry.original, digest(definition), definition, "approved", now)
             await self.store.put_record(KIND, pin_key(entry.server, entry.original), pin.row())
             written.append(pin)

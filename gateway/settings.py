@@ -16,7 +16,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from gateway.access import ENDPOINT_NAME, AuthConfig, EndpointSpec
+from gateway.access import ENDPOINT_NAME, AuthConfig, EndpointSpec, Exposure
 from gateway.config import ConfigError, FileConfig, load_config
 from gateway.interpolate import MissingVariable, interpolate
 
@@ -81,6 +81,7 @@ class Settings(BaseSettings):
     max_sessions: int = Field(5000, ge=1)
     session_idle_timeout: float = Field(1800.0, gt=0)
     max_conversation_instances: int = Field(256, ge=1)
+    exposure: Exposure = "direct"
     fast_path: bool = True
 
     @property

@@ -88,7 +88,7 @@ def pin_handlers(registry: Registry) -> dict[str, Handler]:
         if entry is None and pin is None:
             return _error(404, f"server {server!r} neither offers nor has a pin for a tool named {tool!r}")
         judged: Judged | None = registry.pins.judge(entry) if entry is not None else None
-        offered = visible(entry.tool) if entry is not None else None
+        offered = visible(entry) if entry is not None else None
         return JSONResponse(
             {
                 "server": server,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from mcp.server.caching import CacheHint
@@ -9,7 +10,8 @@ from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 
 from gateway.access import OPEN_VIEW, View
 from gateway.calls import SERVER_INFO, SERVER_INFO_KEY
-from gateway.catalog import Catalog
+from gateway.catalog import Catalog, Entry
+from gateway.exposure import CALL_DEFINITION, SEARCH_DEFINITION
 from gateway.jsonrpc import encode
 
 Json = dict[str, Any]
@@ -20,14 +22,25 @@ LISTING_CACHE = CacheHint(ttl_ms=0, scope="private")
 class Listings:
     """The listing each view sees, as a result for the SDK's server and as bytes for the shortcut."""
 
-    def __init__(self, catalog: Catalog) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        deferred: Callable[[View], bool] = lambda _: False,
+        always: Callable[[Entry], bool] = lambda _: False,
+    ) -> None:
         self.catalog = catalog
+        self.deferred = deferred
+        self.always = always
         self._version = catalog.version
         self._results: dict[tuple[str, str], Json] = {}
         self._bodies: dict[tuple[str, str], bytes] = {}
 
     def visible(self, view: View) -> list[Json]:
-        """The published tools this view may see."""
+        """The published tools this view lists: all it may call, or with deferred exposure the search and call
+        tools and the tools marked `always`."""
+        if self.deferred(view):
+            always = [e.tool for e in self.catalog.entries.values() if self.always(e) and view.allows(e)]
+            return [SEARCH_DEFINITION, CALL_DEFINITION, *always]
         if view is OPEN_VIEW:
             return self.catalog.listing
         return [e.tool for e in self.catalog.entries.values() if view.allows(e)]

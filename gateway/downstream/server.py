@@ -27,8 +27,9 @@ from mcp.server.subscriptions import (
 from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 
 from gateway import surface
-from gateway.access import OPEN_VIEW, View
-from gateway.calls import SERVER_INFO, call_tool, forwardable_meta
+from gateway.access import OPEN_VIEW, Exposure, View
+from gateway.calls import SERVER_INFO, SERVER_INFO_KEY, call_tool, forwardable_meta
+from gateway.catalog import Entry
 from gateway.conversations import CONVERSATION, conversation_key
 from gateway.downstream.callers import SessionCaller, declared_capabilities
 from gateway.downstream.gate import view_of
@@ -36,6 +37,17 @@ from gateway.downstream.held import HeldCalls
 from gateway.downstream.listing import LISTING_CACHE, Listings
 from gateway.downstream.sessions import Sessions
 from gateway.egress import EgressPolicy
+from gateway.exposure import (
+    CALL_TOOL,
+    OWN_TOOLS,
+    SEARCH_TOOL,
+    BadInput,
+    Finder,
+    bad_input_result,
+    call_request,
+    found_result,
+    search_request,
+)
 from gateway.handover import Refused, spec_of
 from gateway.logs import get_logger
 from gateway.registry import Registry
@@ -46,6 +58,7 @@ from gateway.upstream.errors import CallFailed, State
 
 log = get_logger("server")
 SESSION_HEADER = "mcp-session-id"
+MAX_REVEALED = 500  # tools a search may add to one 2025 session's listing
 PAGE_SIZE = 100
 TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 VIEWED = ("prompts", "resources", "completions", "logging", "tasks")
@@ -124,6 +137,13 @@ class ManifoldServer(Server[Any]):
         )
 
 
+def _own_result(result: Json, version: str) -> Json:
+    """A result of one of the gateway's own tools, shaped for the caller's protocol era."""
+    if version in MODERN_PROTOCOL_VERSIONS:
+        return {**result, "resultType": "complete", "_meta": {SERVER_INFO_KEY: SERVER_INFO}}
+    return result
+
+
 def request_view(ctx: ServerRequestContext[Any, Any]) -> View:
     """The caller's view, as the auth gate left it on the HTTP request."""
     return view_of(ctx.request.state) if ctx.request is not None else OPEN_VIEW
@@ -145,12 +165,19 @@ class Frontend:
     """
 
     def __init__(
-        self, registry: Registry, views: Sequence[View] = (OPEN_VIEW,), confirm_key: bytes | None = None
+        self,
+        registry: Registry,
+        views: Sequence[View] = (OPEN_VIEW,),
+        confirm_key: bytes | None = None,
+        exposure: Exposure = "direct",
     ) -> None:
         self.registry = registry
         self.views = {view.name: view for view in views}
         self.sessions = Sessions()
-        self.listings = Listings(registry.catalog)
+        self.exposure = exposure
+        self.listings = Listings(registry.catalog, self.deferred, self._always)
+        self.finder = Finder(registry.catalog)
+        self.revealed: dict[str, set[str]] = {}  # 2025 session -> tools a search returned to it (deferred)
         self.confirm_key = confirm_key or secrets.token_bytes(32)
         self._channels = {name: _Channel() for name in self.views}
         self._seen: dict[tuple[str, str], Any] = {}
@@ -196,11 +223,25 @@ class Frontend:
         self.server.add_request_handler("tasks/list", types.PaginatedRequestParams, self._task_list)
         # The OpenTelemetry middleware costs CPU on every call and exports nothing without a collector.
         self.server.middleware = [self._track_sessions]
+        registry.on_catalog_change(self.finder.sync)
         registry.on_catalog_change(self.broadcast_tools_changed)
         registry.on_resource_updated(self.resource_updated)
         registry.conversations.alive = self._conversation_alive
-        self.sessions.on_end = lambda session_id: registry.conversations.end(f"session:{session_id}")
+        self.sessions.on_end = self._session_ended
         registry.metrics.downstream_sessions.set_function(self.sessions.count)
+
+    def _session_ended(self, session_id: str) -> None:
+        self.revealed.pop(session_id, None)
+        self.registry.conversations.end(f"session:{session_id}")
+
+    def deferred(self, view: View) -> bool:
+        """Whether this view lists the search and call tools instead of the catalog."""
+        return (view.exposure or self.exposure) == "deferred"
+
+    def _always(self, entry: Entry) -> bool:
+        upstream = self.registry.upstreams.get(entry.server)
+        override = upstream.spec.tools.get(entry.original) if upstream is not None else None
+        return override is not None and override.always
 
     def _input_schema(self, name: str) -> Mapping[str, Any] | None:
         entry = self.registry.catalog.resolve(name)
@@ -211,11 +252,60 @@ class Frontend:
     ) -> types.ListToolsResult:
         if params is not None and params.cursor:
             raise MCPError(types.INVALID_PARAMS, "Invalid cursor: the catalog is served in one page")
-        result = self.listings.result(request_view(ctx), ctx.protocol_version)
+        view = request_view(ctx)
+        result = self.listings.result(view, ctx.protocol_version)
         own = self.registry.conversations.listing(CONVERSATION.get())
-        if own:
-            result = {**result, "tools": [*result["tools"], *own]}
+        revealed = self._revealed_tools(ctx, view, {t["name"] for t in result["tools"]})
+        if own or revealed:
+            result = {**result, "tools": [*result["tools"], *revealed, *own]}
         return result  # type: ignore[return-value]
+
+    def _revealed_tools(self, ctx: ServerRequestContext[Any], view: View, listed: set[str]) -> list[Json]:
+        """The tools a search returned to this 2025 session that are still in its view (deferred exposure)."""
+        session_id = ctx.request.headers.get(SESSION_HEADER) if ctx.request is not None else None
+        names = self.revealed.get(session_id or "")
+        if not names:
+            return []
+        entries = self.registry.catalog.entries
+        return [entries[n].tool for n in sorted(names) if n in entries and n not in listed and view.allows(entries[n])]
+
+    async def _own_tool(self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> Any:
+        """`manifold__search_tools` and `manifold__call_tool`, for callers with deferred exposure."""
+        view = request_view(ctx)
+        if params.name == SEARCH_TOOL:
+            try:
+                query, limit, server = search_request(params.arguments or {})
+            except BadInput as e:
+                return _own_result(bad_input_result(SEARCH_TOOL, str(e)), ctx.protocol_version)
+            found = self.finder.search(query, limit, view.allows, server)
+            log.info("tool search", request_id=ctx.request_id, results=len(found), server=server)
+            await self._reveal(ctx, [e.public for e in found])
+            return _own_result(found_result(found, query), ctx.protocol_version)
+        try:
+            name, arguments = call_request(params.arguments or {})
+        except BadInput as e:
+            return _own_result(bad_input_result(CALL_TOOL, str(e)), ctx.protocol_version)
+        inner = params.model_copy(update={"name": name, "arguments": arguments})
+        try:
+            return await self._call_tool(ctx, inner)
+        except MCPError as e:
+            if e.code != types.INVALID_PARAMS:
+                raise
+            return _own_result(bad_input_result(CALL_TOOL, e.error.message), ctx.protocol_version)
+
+    async def _reveal(self, ctx: ServerRequestContext[Any], names: list[str]) -> None:
+        """Add found tools to a 2025 session's listing, and tell it its listing changed."""
+        session_id = ctx.request.headers.get(SESSION_HEADER) if ctx.request is not None else None
+        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS or not session_id or not names:
+            return
+        known = self.revealed.setdefault(session_id, set())
+        fresh = [n for n in names if n not in known][: max(0, MAX_REVEALED - len(known))]
+        if fresh:
+            known.update(fresh)
+            try:
+                await ctx.session.send_tool_list_changed()
+            except Exception as e:
+                log.debug("list_changed not delivered", reason=str(e))
 
     async def _hand_over(self, ctx: ServerRequestContext[Any], params: Any) -> Any:
         """`manifold/servers/add`: start the servers this conversation hands over (ACP `mcpServers` shape)."""
@@ -274,6 +364,8 @@ class Frontend:
                 responses = params.model_dump(by_alias=True, mode="json", include={"input_responses"})
                 held.answer(responses.get("inputResponses") or {})
                 return await self.held.next_answer(held)
+            if params.name in OWN_TOOLS and self.deferred(request_view(ctx)):
+                return await self._own_tool(ctx, params)
             upstream = self._holdable(caller, params.name, request_view(ctx))
             if upstream is not None:
                 trust = "trusted" if upstream.spec.trusted else "outside"

@@ -36,6 +36,7 @@ from gateway.calls import admit, forward_call, forwardable_meta
 from gateway.conversations import CONVERSATION, conversation_key
 from gateway.downstream.gate import MESSAGE_KEY, view_of
 from gateway.downstream.server import Frontend
+from gateway.exposure import OWN_TOOLS
 from gateway.jsonrpc import INTERNAL_ERROR, REQUEST_CANCELLED, encode
 from gateway.logs import get_logger
 from gateway.upstream.asks import ASKING
@@ -168,6 +169,8 @@ class Shortcut:
         if method == "tools/list":
             if not params.keys() <= LIST_PARAMS:
                 return False  # a cursor: the SDK path words the refusal
+            if session_id is not None and self.frontend.revealed.get(session_id):
+                return False  # a search added tools to this session's listing
             self.registry.metrics.count_request(method)
             await _respond(send, self.frontend.listings.body(view, version), request_id, 200, session_id)
             return True
@@ -181,6 +184,8 @@ class Shortcut:
         modern = session_id is None
         if _talks(meta) if modern else self.frontend.sessions.talks(session_id or ""):
             return False  # a client that can be asked things or wants log lines is served with its call's stream
+        if name in OWN_TOOLS:
+            return False  # the search and call tools are served on the SDK path
         entry = self.registry.catalog.resolve(name)
         if entry is None and name in self.registry.catalog.held:
             return False  # the SDK path words the refusal of a held tool

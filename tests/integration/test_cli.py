@@ -117,3 +117,18 @@ def test_tools_prints_the_merged_catalog(tmp_path: Path) -> None:
     table = manifold("tools", "--config", path)
     assert table.stdout.splitlines()[0].split() == ["NAME", "SERVER", "TOOL", "LABELS"]
     assert "fx__write_note" in table.stdout
+
+
+def test_check_knows_the_curation_keys_and_connect_finds_override_typos(tmp_path: Path) -> None:
+    bad = {"servers": {"fx": {**stdio_spec(), "pin": "sometimes", "tools": {"echo": {"colour": "red"}}}}}
+    result = manifold("check", "--config", str(write_config(tmp_path, bad)))
+    assert result.returncode == 1
+    assert "servers.fx.pin" in result.stderr and "servers.fx.tools.echo.colour: unknown key" in result.stderr
+
+    good = {"servers": {"fx": {**stdio_spec(), "pin": "warn", "tools": {"echo": {"name": "say"}, "ecko": {}}}}}
+    path = str(write_config(tmp_path, good))
+    assert manifold("check", "--config", path).returncode == 0, "without --connect nothing is started"
+    connected = manifold("check", "--config", path, "--connect")
+    assert connected.returncode == 1
+    assert "servers.fx.tools.ecko: the server offers no tool named 'ecko'" in connected.stderr
+    assert "tools.echo" not in connected.stderr

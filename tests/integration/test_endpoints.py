@@ -21,7 +21,11 @@ ENV = {"T_TRIAGE": TRIAGE}
 
 def config(**extra: Any) -> dict[str, Any]:
     return {
-        "servers": {"fx": {**stdio_spec(), "required": True}, "other": {**stdio_spec(), "required": True}},
+        # `pin: off`: tools that appear at run time are served at once (pinning is tested on its own).
+        "servers": {
+            "fx": {**stdio_spec(), "required": True, "pin": "off"},
+            "other": {**stdio_spec(), "required": True, "pin": "off"},
+        },
         "endpoints": {"reader": {"servers": ["fx"], "tools": ["fx__echo", "fx__add", "fx__whoami"]}},
         **extra,
     }
@@ -79,3 +83,15 @@ async def test_list_changed_reaches_only_the_endpoints_whose_view_changed(tmp_pa
             await everything.call("fx__set_tools", {"names": ["new_one"]})
             await reader_changes.wait_beyond(seen_reader)
             assert "fx__new_one" in await reader.tool_names()
+
+
+async def test_tool_call_metrics_carry_the_endpoint(tmp_path: Path) -> None:
+    with run_gateway(tmp_path, config()) as gw:
+        ready(gw.base)
+        async with connect(f"{gw.url}/reader", "2026-07-28") as reader, connect(gw.url, "2025-11-25") as everything:
+            await reader.call("fx__echo", {"text": "via reader"})
+            await everything.call("fx__echo", {"text": "via mcp"})
+        text = httpx2.get(f"{gw.base}/metrics", timeout=5).text
+        series = [line for line in text.splitlines() if line.startswith("manifold_tool_calls_total{")]
+        assert any('endpoint="reader"' in s and 'tool="fx__echo"' in s and s.endswith(" 1.0") for s in series)
+        assert any('endpoint=""' in s and 'tool="fx__echo"' in s and s.endswith(" 1.0") for s in series)

@@ -210,7 +210,7 @@ async def test_garbage_http_upstream_is_down_others_serve(tmp_path: Path) -> Non
 
 @pytest.mark.parametrize("era", ERAS)
 async def test_tool_list_changes_reach_clients_with_filters_reapplied(tmp_path: Path, era: str) -> None:
-    config = {"servers": {"fx": {**stdio_spec(), "deny": ["secret_*"]}}}
+    config = {"servers": {"fx": {**stdio_spec(), "deny": ["secret_*"], "pin": "off"}}}  # new tools served at once
     with run_gateway(tmp_path, config) as gw:
         async with watch_changes(gw.url, era) as (client, changes):
             await client.wait_for(lambda n: "fx__set_tools" in n)

@@ -40,7 +40,11 @@ def tokens(**extra: Any) -> list[dict[str, Any]]:
 
 
 def secured(**extra: Any) -> dict[str, Any]:
-    return {"auth": {"tokens": tokens()}, "servers": {"fx": stdio_spec(), "other": stdio_spec()}, **extra}
+    return {
+        "auth": {"tokens": tokens()},
+        "servers": {"fx": stdio_spec(), "other": {**stdio_spec(), "pin": "off"}},
+        **extra,
+    }
 
 
 def post(url: str, body: Any, headers: dict[str, str] | None = None, content: bytes | None = None) -> httpx2.Response:
