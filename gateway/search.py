@@ -4,15 +4,17 @@ Each tool is indexed in six fields: its name (split at `_`, `-`, camelCase and d
 its title, its description, its parameter names and its parameter descriptions (with enum values). A term's
 per-field counts are length-normalised against a fixed reference length per field, weighted by field, summed
 and saturated BM25-style once, when the tool is put; a search only adds `idf x saturated weight` over the
-postings of its terms. So `put` and `remove` touch only the postings of one tool's terms, the score of a tool
-never depends on which other tools are indexed except through idf, and a search over 10,000 tools costs a few
-milliseconds.
+postings of its terms. So `put` and `remove` touch only the postings of one tool's terms, and a tool's score
+depends on the other tools only through idf.
 
 Words are lower-cased, stop words dropped and suffixes lightly stripped (plurals, -ing, -ed, a final -e) on
-both sides. A query's words are widened by a small table of synonyms from the vocabulary of software work
-(picture/screenshot, delete/remove, ticket/issue, PR/pull request, ...), at a reduced weight. Ties are broken
-by name, so results are deterministic. bench/search_eval holds the evaluation set that every choice here was
-measured on (`python -m bench --only search`).
+both sides; a word whose stem differs is also indexed as written, so an exact form counts a little more. A
+query is widened by a small table of synonyms from the vocabulary of software work (picture/screenshot,
+delete/remove, ticket/issue, PR/pull request, ...) and by adjacent words run together ("to do" -> todo), both
+at reduced weight. A tool gains a little for each share of its name's words the query has, and much when the
+query names its server. Ties go by name, so results are deterministic. Each of these was kept because it
+raised the figures on bench/search_eval, the tool listings of 24 real servers with 217 labelled queries
+(`python -m bench --only search` shows each one's share).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ MAX_FIELD_TOKENS = 400  # words indexed per field per tool (parameter descriptio
 MAX_SCHEMA_DEPTH = 4  # nesting levels of inputSchema walked for parameter names and descriptions
 
 NAME, SERVER, TITLE, DESCRIPTION, PARAMS, PARAM_TEXT = range(6)
+SURFACE = "="  # marks a word indexed as written beside its stem
 FIELDS = ("name", "server", "title", "description", "params", "param_text")
 
 
@@ -52,6 +55,7 @@ class Tuning:
     joined_weight: float = 0.5  # two adjacent query words written as one ("to do" -> todo, "thumbs up")
     name_bonus: float = 1.0  # added per unit of the share of a tool's name words that the query has
     server_boost: float = 0.5  # scores of tools whose server the query names are multiplied by 1 + this
+    surface_weight: float = 0.2  # a word whose stem differs is also indexed as written, matched at this weight
 
 
 DEFAULT_TUNING = Tuning()
@@ -263,7 +267,7 @@ class ToolIndex:
     def __init__(self, *, tuning: Tuning = DEFAULT_TUNING) -> None:
         self._tuning = tuning
         self._synonyms = _build_synonyms(tuning.stem) if tuning.synonyms else {}
-        self._stem_cache: dict[str, str] = {}
+        self._forms_cache: dict[str, tuple[str, str | None]] = {}
         self._ids: dict[str, int] = {}  # public name -> doc id
         self._names: dict[int, str] = {}  # doc id -> public name
         self._terms: dict[int, tuple[str, ...]] = {}  # doc id -> its distinct terms, for removal
@@ -285,40 +289,56 @@ class ToolIndex:
 
     # --- words ---
 
-    def _norm(self, word: str) -> str:
-        if not self._tuning.stem:
-            return word
-        cached = self._stem_cache.get(word)
-        if cached is None:
-            if len(self._stem_cache) > 100_000:
-                self._stem_cache.clear()
-            cached = self._stem_cache[word] = stem(word)
-        return cached
+    def _forms(self, word: str) -> tuple[str, str | None]:
+        """The term of a word (its stem) and, when that differs, the word as written (marked), both shared."""
+        forms = self._forms_cache.get(word)
+        if forms is None:
+            if len(self._forms_cache) > 100_000:
+                self._forms_cache.clear()
+            s = stem(word) if self._tuning.stem else word
+            surface = SURFACE + word if s != word and self._tuning.surface_weight > 0 else None
+            forms = self._forms_cache[word] = (s, surface)
+        return forms
 
-    def _field_terms(self, text: str) -> list[str]:
-        return [self._norm(w) for w in split_words(text) if w not in STOP_WORDS]
+    def _field_terms(self, text: str) -> tuple[list[str], list[str]]:
+        """The stemmed words of a text, and those words as written (marked "=") whose stem differs."""
+        stems: list[str] = []
+        surface: list[str] = []
+        for w in split_words(text):
+            if w in STOP_WORDS:
+                continue
+            s, written = self._forms(w)
+            stems.append(s)
+            if written is not None:
+                surface.append(written)
+        return stems, surface
 
     def query_terms(self, query: str) -> dict[str, float]:
         """The weighted terms a query is matched by: its own words at 1, their synonyms below."""
         terms: dict[str, float] = {}
         words = split_words(query[:MAX_QUERY_CHARS])
+        surface: dict[str, float] = {}
         for word in words:
             if word in STOP_WORDS:
                 continue
-            terms.setdefault(self._norm(word), 1.0)
+            s, written = self._forms(word)
+            terms.setdefault(s, 1.0)
+            if written is not None:
+                surface[written] = self._tuning.surface_weight
             if len(terms) >= MAX_QUERY_TERMS:
                 break
         joined = self._tuning.joined_weight
         if joined:
             for first, second in itertools.pairwise(words[: MAX_QUERY_TERMS * 2]):
                 if first.isalpha() and second.isalpha():
-                    terms.setdefault(self._norm(first + second), joined)
+                    terms.setdefault(self._forms(first + second)[0], joined)
         weight = self._tuning.synonym_weight
         for term in list(terms):
             for entry in self._synonyms.get(term, ()):
                 for t in entry:
                     if t not in terms:
                         terms[t] = weight
+        terms.update(surface)
         return terms
 
     # --- changes ---
@@ -336,13 +356,14 @@ class ToolIndex:
             room = MAX_FIELD_TOKENS - lengths[field]
             if room <= 0:
                 continue
-            words = self._field_terms(text)[:room]
+            words, surface = self._field_terms(text)
+            words = words[:room]
             lengths[field] += len(words)
             if field == NAME:
                 name_terms.update(dict.fromkeys(words))
             elif field == SERVER:
                 server_terms.update(dict.fromkeys(words))
-            for term in words:
+            for term in itertools.chain(words, surface[:room]):
                 per_field = counts.get(term)
                 if per_field is None:
                     per_field = counts[term] = [0] * len(FIELDS)
@@ -407,13 +428,16 @@ class ToolIndex:
         if not scores:
             return []
         names = self._names
-        pool = limit
-        while True:
-            ranked = self._top(scores, pool)
-            hits = [Hit(names[d], round(s, 6)) for d, s in ranked if accept is None or accept(names[d])]
-            if len(hits) >= limit or len(ranked) >= len(scores):
-                return hits[:limit]
-            pool *= 4
+        if accept is None:
+            return [Hit(names[d], round(s, 6)) for d, s in self._top(scores, limit)[:limit]]
+        # a filter usually keeps most tools: try the best few; when it turns too many of them away (a narrow
+        # view, one server), filter every candidate once instead
+        ranked = self._top(scores, limit * 4)
+        hits = [Hit(names[d], round(s, 6)) for d, s in ranked if accept(names[d])]
+        if len(hits) < limit and len(ranked) < len(scores):
+            kept = {d: s for d, s in scores.items() if accept(names[d])}
+            hits = [Hit(names[d], round(s, 6)) for d, s in self._top(kept, limit)]
+        return hits[:limit]
 
     def _scores(self, terms: Mapping[str, float]) -> dict[int, float]:
         n = len(self._ids)
@@ -451,6 +475,8 @@ class ToolIndex:
 
     def _top(self, scores: dict[int, float], k: int) -> list[tuple[int, float]]:
         """The k best (doc, score) pairs by score, then name; every doc tied with the k-th comes along."""
+        if not scores:
+            return []
         if k >= len(scores):
             pool: Iterable[tuple[int, float]] = scores.items()
         else:

@@ -283,3 +283,16 @@ def test_recall_at_5_on_the_eval_set():
     quality = evaluate(lambda q: _names(idx.search(q, 10)), evalset.queries)
     assert quality.queries >= 150
     assert quality.recall_at_5 >= 0.9, quality.misses
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**16 - 1), st.integers(1, 8), st.sampled_from(["create issue", "read file", "page", "s3"]))
+def test_a_filtered_search_is_the_unfiltered_ranking_filtered(mask, limit, query):
+    """Whatever share of tools `accept` keeps, the result is the full ranking with the rest struck out."""
+    idx = ToolIndex()
+    words = ["create an issue", "read a file", "screenshot of a page", "issue in a file", "page file issue"]
+    for i in range(16):
+        idx.put(f"s{i % 4}__tool{i:02}", f"s{i % 4}", _tool(f"{words[i % 5]} {i}"))
+    accept = lambda name: bool(mask >> int(name[-2:]) & 1)  # noqa: E731
+    everything = idx.search(query, 100)
+    assert idx.search(query, limit, accept) == [h for h in everything if accept(h.name)][:limit]
