@@ -437,14 +437,16 @@ class ToolIndex:
 
     def _scores(self, terms: Mapping[str, float]) -> dict[int, float]:
         n = len(self._ids)
+        found = [(p, q) for p, q in ((self._postings.get(t), q) for t, q in terms.items()) if p is not None]
+        # the longest posting list first: it fills the empty table in one comprehension
+        found.sort(key=lambda pq: -len(pq[0][0]))
         scores: dict[int, float] = {}
-        for term, qweight in terms.items():
-            posting = self._postings.get(term)
-            if posting is None:
-                continue
-            docs, weights = posting
+        for (docs, weights), qweight in found:
             df = len(docs)
             idf = math.log(1 + (n - df + 0.5) / (df + 0.5)) * qweight
+            if not scores:
+                scores = dict(zip(docs, [idf * w for w in weights], strict=True))
+                continue
             get = scores.get
             for d, w in zip(docs, weights, strict=True):
                 scores[d] = get(d, 0.0) + idf * w
