@@ -310,10 +310,14 @@ class ToolIndex:
         return stems, surface
 
     def query_terms(self, query: str) -> dict[str, float]:
-        """The weighted terms a query is matched by: its own words at 1, their synonyms below."""
+        """The weighted terms a query is matched by: its own words at 1, the rest below.
+
+        At most MAX_QUERY_TERMS distinct words count, with as many written forms and joined pairs, and their
+        synonyms: however long the query, a search looks up a bounded number of terms.
+        """
         terms: dict[str, float] = {}
-        words = split_words(query[:MAX_QUERY_CHARS])
         surface: dict[str, float] = {}
+        words = split_words(query[:MAX_QUERY_CHARS])
         for word in words:
             if word in STOP_WORDS:
                 continue
@@ -325,15 +329,15 @@ class ToolIndex:
                 break
         joined = self._tuning.joined_weight
         if joined:
-            for first, second in itertools.pairwise(words[: MAX_QUERY_TERMS * 2]):
-                if first.isalpha() and second.isalpha():
-                    terms.setdefault(self._forms(first + second)[0], joined)
+            pairs = itertools.pairwise(words[: MAX_QUERY_TERMS * 2])
+            alpha = ((a, b) for a, b in pairs if a.isalpha() and b.isalpha())
+            for first, second in itertools.islice(alpha, MAX_QUERY_TERMS):
+                terms.setdefault(self._forms(first + second)[0], joined)
         weight = self._tuning.synonym_weight
         for term in list(terms):
             for entry in self._synonyms.get(term, ()):
                 for t in entry:
-                    if t not in terms:
-                        terms[t] = weight
+                    terms.setdefault(t, weight)
         terms.update(surface)
         return terms
 

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.search_eval import evaluate, load
-from gateway.search import MAX_QUERY_TERMS, Hit, ToolIndex, split_words, stem
+from gateway.search import MAX_QUERY_TERMS, SYNONYM_GROUPS, Hit, ToolIndex, split_words, stem
 
 
 def _tool(description: str = "", **extra) -> dict:
@@ -264,8 +264,10 @@ def test_unicode_queries_and_descriptions():
 
 
 def test_huge_query_is_bounded(index):
-    words = " ".join(f"word{i} issue" for i in range(200_000))
-    assert len(index.query_terms(words)) <= MAX_QUERY_TERMS * 5
+    synonym_words = {w for group in SYNONYM_GROUPS for phrase in group for w in phrase.split()}
+    words = " ".join(f"{w} w{i}x" for i, w in enumerate(sorted(synonym_words) * 2000))
+    assert len(words) > 1_000_000
+    assert len(index.query_terms(words)) <= 3 * MAX_QUERY_TERMS + len(synonym_words)
     started = time.perf_counter()
     hits = index.search(words + " screenshot")
     assert time.perf_counter() - started < 1.0
