@@ -4,8 +4,9 @@ Quality: recall@1, recall@5 and MRR of gateway.search.ToolIndex on bench/search_
 baseline (tools ranked by how many of the query's words occur in their name and description) and beside the
 ranker with each of its refinements taken away, on all queries and on the held-out third. Speed: the recorded
 catalog replicated under distinct server names (`github7__search_issues`) up to 10,000 tools; search latency
-over the eval queries without a filter and with an `accept` that keeps one replica's tools (1 in 21), the put
-and replace rates, and the index's memory (tracemalloc, in a separate build).
+over the eval queries without a filter and with an `accept` that keeps one replica's tools (1 in 21), as wall
+time and as the thread's own CPU time (which a busy machine does not inflate), the put and replace rates, and
+the index's memory (tracemalloc, in a separate build).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from bench.run import Bench
 
 TOOLS_AT_SCALE = 10_000
+VIEW_COPY = 7  # the copy of the catalog a filtered search keeps
 NA = "\N{EN DASH}"
 
 # The ranker with each refinement on top of plain BM25F, one at a time, then without each one.
@@ -134,6 +136,7 @@ def _percentile(sorted_values: Sequence[float], p: float) -> float:
 def speed(evalset: EvalSet, rounds: int) -> dict[str, Any]:
     docs = replicated(evalset, TOOLS_AT_SCALE)
     copies = -(-TOOLS_AT_SCALE // sum(len(s["tools"]) for s in evalset.servers))
+    assert copies > VIEW_COPY + 1
 
     gc.collect()
     index = ToolIndex()
@@ -148,33 +151,41 @@ def speed(evalset: EvalSet, rounds: int) -> dict[str, Any]:
     replace_s = time.perf_counter() - started
 
     queries = [q.text for q in evalset.queries]
-    first_copy = {server: server[:-1] for _, server, _ in docs[: len(list(evalset.tools()))]}
+    # the view: copy 7, whose names sort among the others' (copy 0's would win every tie by name)
+    size = sum(len(s["tools"]) for s in evalset.servers)
+    in_view = docs[VIEW_COPY * size : (VIEW_COPY + 1) * size]
+    view = {server: server.removesuffix(str(VIEW_COPY)) for _, server, _ in in_view}
 
     def one_copy(name: str) -> bool:
-        return name.partition("__")[0] in first_copy
+        return name.partition("__")[0] in view
 
     def original(name: str) -> str:
         server, _, tool = name.partition("__")
-        return f"{first_copy[server]}__{tool}"
+        return f"{view[server]}__{tool}"
 
     latency: dict[str, dict[str, float]] = {}
     for label, accept in (("no filter", None), (f"accept: one copy's tools (1 in {copies})", one_copy)):
         index.search("warm up", 5, accept)
         samples: list[float] = []
+        cpu: list[float] = []  # the thread's own CPU time: what a search costs when the machine is busy too
         for _ in range(rounds):
             for q in queries:
-                t = time.perf_counter()
+                t, c = time.perf_counter(), time.thread_time()
                 index.search(q, 5, accept)
+                cpu.append(time.thread_time() - c)
                 samples.append(time.perf_counter() - t)
         samples.sort()
+        cpu.sort()
         latency[label] = {
             "searches": len(samples),
             "p50_ms": _percentile(samples, 0.50) * 1e3,
             "p95_ms": _percentile(samples, 0.95) * 1e3,
             "max_ms": samples[-1] * 1e3,
             "mean_ms": statistics.fmean(samples) * 1e3,
+            "cpu_p50_ms": _percentile(cpu, 0.50) * 1e3,
+            "cpu_p95_ms": _percentile(cpu, 0.95) * 1e3,
         }
-    # the eval queries against the 10,000-tool index, seen through one copy: idf shifts, the filter works
+    # the eval queries against the 10,000-tool index, seen through one copy: idf shifts, the filter holds
     scaled = evaluate(lambda q: [original(n) for n in ranking(index, one_copy)(q)], evalset.queries)
     stats = index.stats()
 
@@ -234,9 +245,9 @@ def search_phase(bench: Bench) -> None:
     for label, lat in speed_["latency"].items():
         bench.rows.append(
             Row(
-                f"tool search over {TOOLS_AT_SCALE} tools, {label}, p50 (p95)",
+                f"tool search over {TOOLS_AT_SCALE} tools, {label}, p50 (p95; CPU p95)",
                 NA,
-                f"{lat['p50_ms']:.2f} ms ({lat['p95_ms']:.2f} ms)",
+                f"{lat['p50_ms']:.2f} ms ({lat['p95_ms']:.2f}; {lat['cpu_p95_ms']:.2f} ms)",
                 NA,
                 "p50 ≤ 5 ms",
                 lat["p50_ms"] <= 5,
@@ -290,12 +301,13 @@ def markdown(result: dict[str, Any]) -> list[str]:
         f"{s['replace_per_s']:.0f}/s, index memory {s['memory_mib']:.1f} MiB. Eval queries through one copy's "
         f"filter: R@1 {scaled['recall_at_1']:.3f}, R@5 {scaled['recall_at_5']:.3f}, MRR {scaled['mrr']:.3f}.",
         "",
-        "| search latency | searches | p50 ms | p95 ms | max ms |",
-        "|---|---|---|---|---|",
+        "| search latency | searches | p50 ms | p95 ms | max ms | CPU p50 ms | CPU p95 ms |",
+        "|---|---|---|---|---|---|---|",
     ]
     for label, lat in s["latency"].items():
         lines.append(
-            f"| {label} | {lat['searches']} | {lat['p50_ms']:.2f} | {lat['p95_ms']:.2f} | {lat['max_ms']:.2f} |"
+            f"| {label} | {lat['searches']} | {lat['p50_ms']:.2f} | {lat['p95_ms']:.2f} | {lat['max_ms']:.2f} "
+            f"| {lat['cpu_p50_ms']:.2f} | {lat['cpu_p95_ms']:.2f} |"
         )
     misses = result["quality"]["misses"]
     lines += ["", f"<details><summary>Queries whose tool is not in the first five ({len(misses)})</summary>", ""]
