@@ -3,7 +3,7 @@
 `load()` reads both and checks every label names a tool of the catalog; `evaluate()` scores a ranking
 function on the queries: recall@1, recall@5 (a query counts as found when any of its labelled tools is among
 the first k) and the mean reciprocal rank of the first labelled tool. Queries at positions 0, 3, 6, ... form
-the held-out third: the ranker's tuning looked only at the other two thirds.
+the held-out third: the ranker was tuned on the other two thirds' misses, these were read only as totals.
 """
 
 from __future__ import annotations
