@@ -59,6 +59,8 @@ from bench.procs import (
     start_http_fixture,
     wait_port,
 )
+from bench.search import markdown as search_markdown
+from bench.search import search_phase
 
 RESULTS = BENCH_DIR / "results"
 # A small stdlib-only stdio server: the conversations row measures the gateway, not Python's start-up.
@@ -845,6 +847,7 @@ def markdown(report: dict[str, Any]) -> str:
         "directly. The startup baseline starts the same 20 stdio fixtures at once without the gateway and "
         "waits for the slowest listing. Load generator (wrk + Lua): "
         f"{g['cpu_us_per_call']:.0f} µs of its own CPU per call over {g['calls']} calls.",
+        *(search_markdown(report["extra"]["search"]) if "search" in report["extra"] else []),
         "",
         "Medians over the rounds, per target (CPU per call from /proc of each process; the upstream of the "
         "gateway stdio rows is the stdio child, of the direct rows the HTTP fixture):",
@@ -1026,7 +1029,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a short smoke run (figures not comparable)")
     parser.add_argument("--profile", action="store_true", help="py-spy the gateway under echo c=16 via HTTP")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results directory (default bench/results)")
-    parser.add_argument("--only", choices=["calls", "twenty", "conversations"], help="run one phase only")
+    parser.add_argument("--only", choices=["calls", "twenty", "conversations", "search"], help="run one phase only")
     args = parser.parse_args(argv)
     if args.profile:
         profile(args.out)
@@ -1043,6 +1046,8 @@ def main(argv: list[str] | None = None) -> int:
             bench.twenty_phase()
         if args.only in (None, "conversations"):
             bench.conversations_phase()
+        if args.only in (None, "search"):
+            search_phase(bench)
         completed = True
     finally:
         bench.stop_all()
