@@ -140,6 +140,7 @@ class OAuthConfig(BaseModel):
     scopes_supported: list[str] | None = None
     algorithms: list[str] = Field(default_factory=lambda: list(ASYMMETRIC))
     clock_skew: float = Field(60.0, ge=0, le=600, allow_inf_nan=False)
+    jwks_refetch_interval: float = Field(30.0, ge=1, le=3600, allow_inf_nan=False)
     rules: list[OAuthRule] = Field(default_factory=list)
 
     @field_validator("issuer")

@@ -4,7 +4,7 @@ published keys, and the protected resource metadata (RFC 9728) that tells client
 `ResourceServer.authenticate` turns a bearer token into the caller it names (the first access rule its
 claims meet, and its subject), or a `Refusal` that says what was wrong (never what the token holds).
 Keys come from the issuer's JWKS, fetched with `httpx2` and kept; a token signed with a key not among
-them makes the keys be fetched again, at most once per `REFETCH_INTERVAL`, so a flood of made-up key
+them makes the keys be fetched again, at most once per `jwks_refetch_interval`, so a flood of made-up key
 ids cannot hammer the authorization server. A token that passed is remembered briefly by its SHA-256,
 so a client's next requests skip the signature check.
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -32,7 +33,6 @@ from gateway.logs import get_logger
 log = get_logger("oauth")
 Json = dict[str, Any]
 
-REFETCH_INTERVAL = 30.0  # at most one fetch of the keys this often when a token names an unknown key
 RETRY_UNAVAILABLE = 5.0  # while no keys could be fetched yet, a new try at most this often
 KEYS_MAX_AGE = 600.0  # keys older than this are fetched again (a key the issuer withdrew stops working)
 FETCH_TIMEOUT = 5.0
@@ -90,7 +90,7 @@ class Keys:
         self._jwks_url = config.jwks_url
         self._keys: dict[tuple[str | None, str], jwt.PyJWK] = {}
         self._fetched_at: float | None = None  # monotonic time of the last successful fetch
-        self._tried_at = -REFETCH_INTERVAL  # monotonic time of the last attempt
+        self._tried_at = -math.inf  # monotonic time of the last attempt
         self._lock = anyio.Lock()
         self.on_fetch: Callable[[str], None] = lambda outcome: None
 
@@ -99,11 +99,12 @@ class Keys:
 
         The keys are fetched when there are none yet (at most every `RETRY_UNAVAILABLE` s), when they are
         older than `KEYS_MAX_AGE`, and when the token names a key not among them; the last two at most
-        once per `REFETCH_INTERVAL`.
+        once per `jwks_refetch_interval`.
         """
         await self.ensure()
         found = self._find(kid, alg)
-        if not found and self._fetched_at is not None and time.monotonic() - self._tried_at >= REFETCH_INTERVAL:
+        may_refetch = time.monotonic() - self._tried_at >= self.config.jwks_refetch_interval
+        if not found and self._fetched_at is not None and may_refetch:
             await self._refresh()
             found = self._find(kid, alg)
         if found:
@@ -120,7 +121,7 @@ class Keys:
         if self._fetched_at is None:
             if since >= RETRY_UNAVAILABLE:
                 await self._refresh()
-        elif time.monotonic() - self._fetched_at > KEYS_MAX_AGE and since >= REFETCH_INTERVAL:
+        elif time.monotonic() - self._fetched_at > KEYS_MAX_AGE and since >= self.config.jwks_refetch_interval:
             await self._refresh()
 
     def _find(self, kid: str | None, alg: str) -> list[jwt.PyJWK]:
