@@ -274,6 +274,7 @@ class ResourceServer:
             principal = await self._authenticate(token, endpoint)
         except Refusal as refusal:
             self.on_outcome(refusal.outcome)
+            log.debug("access token refused", outcome=refusal.outcome, reason=refusal.reason, endpoint=endpoint)
             raise
         self.on_outcome("accepted")
         return principal
