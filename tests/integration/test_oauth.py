@@ -1,8 +1,8 @@
 """The gateway as an OAuth resource server, against a real authorization server (oidc-provider on loopback).
 
 One provider and one gateway serve the module: the provider's clients stand for subjects of different rules
-(alice and bob: group `ops`; carol: scope `mcp:admin`; dave: group `dev`, no rule; eve: no `mcp` scope),
-and a static API token is configured alongside.
+(alice and bob: group `ops`; carol: scope `mcp:admin`; dave: group `dev`, no rule; eve: no `mcp` scope;
+frank and gina: group `limited`, rate-limited each), and a static API token is configured alongside.
 """
 
 from __future__ import annotations
@@ -45,6 +45,8 @@ CLIENTS = [
     OAuthClient("carol", scope="mcp mcp:admin"),
     OAuthClient("dave", scope="mcp", groups=("dev",)),
     OAuthClient("eve", scope="other", groups=("ops",)),
+    OAuthClient("frank", scope="mcp", groups=("limited",)),
+    OAuthClient("gina", scope="mcp", groups=("limited",)),
 ]
 OPS_TOOLS = ["fx__add", "fx__echo", "fx__whoami"]
 USED: list[str] = []  # every token the module presents, to look for in the log at the end
@@ -94,6 +96,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
                             "servers": ["fx", "conf"],
                             "tools": [*OPS_TOOLS, "conf__slow_compute"],
                         },
+                        {"name": "limited", "when": {"groups": "limited"}, "rate": 0.2, "burst": 2},
                     ],
                 },
             },
@@ -237,6 +240,16 @@ async def test_protected_resource_metadata_is_served(setup: Setup) -> None:
     assert httpx2.get(f"{base}/.well-known/oauth-protected-resource/mcp/nowhere").status_code == 404
     at_reader = post(f"{setup.gw.url}/reader", initialize_body())
     assert challenge(at_reader)["resource_metadata"] == f"{base}/.well-known/oauth-protected-resource/mcp/reader"
+
+
+async def test_a_rule_s_rate_applies_to_each_subject_alone(setup: Setup) -> None:
+    frank, gina = setup.token("frank"), setup.token("gina")
+    answers = [post(setup.gw.url, initialize_body(), bearer(frank)).status_code for _ in range(3)]
+    assert answers == [200, 200, 429]
+    limited = post(setup.gw.url, initialize_body(), bearer(frank))
+    assert limited.status_code == 429 and int(limited.headers["retry-after"]) >= 1
+    assert limited.json()["error"]["message"] == "Too many requests for this subject"
+    assert post(setup.gw.url, initialize_body(), bearer(gina)).status_code == 200, "another subject has its own"
 
 
 class Memory:
