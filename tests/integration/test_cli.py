@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from tests.fixtures.servers import stdio_spec
 from tests.integration.conftest import ROOT, write_config
@@ -94,7 +95,7 @@ def test_check_accepts_both_example_configs() -> None:
         assert "ok (2 servers enabled" in result.stdout
 
 
-OAUTH = {
+OAUTH: dict[str, Any] = {
     "issuer": "https://id.example.com/realms/acme",
     "required_scopes": ["mcp"],
     "rules": [
@@ -113,8 +114,8 @@ def test_check_knows_the_oauth_keys_and_names_each_problem(tmp_path: Path) -> No
     )
     assert "https://gw.example.com/mcp" in result.stdout
     assert "oauth: 2 rules, first match wins: ops, readers" in result.stdout
-    rules = [{**OAUTH["rules"][0], "gated": "sometimes"}, {"name": "all", "whenn": {}}]  # type: ignore[dict-item]
-    broken = {
+    rules = [{**OAUTH["rules"][0], "gated": "sometimes"}, {"name": "all", "whenn": {}}]
+    broken: dict[str, Any] = {
         "host": "0.0.0.0",
         "auth": {
             "tokens": [{"name": "all", "sha256": "0" * 64}],
