@@ -125,10 +125,10 @@ class Keys:
             await self._refresh()
 
     def _find(self, kid: str | None, alg: str) -> list[jwt.PyJWK]:
-        if kid is not None:
-            key = self._keys.get((kid, alg))
-            return [key] if key is not None else []
-        return [k for (_, a), k in self._keys.items() if a == alg]
+        """The key with the token's `kid`; else (no `kid`, or published keys without one) each key for `alg`."""
+        if kid is not None and (key := self._keys.get((kid, alg))) is not None:
+            return [key]
+        return [k for (k_id, a), k in self._keys.items() if a == alg and (kid is None or k_id is None)]
 
     async def _refresh(self) -> None:
         attempt = self._tried_at

@@ -242,6 +242,24 @@ async def test_forged_tokens_are_refused() -> None:
         assert (await refused(rs, junk)).outcome in ("malformed", "algorithm")
 
 
+async def test_keys_and_tokens_without_a_kid_are_tried_by_algorithm() -> None:
+    unnamed = {k: v for k, v in public_jwk(RSA_KEY, "k1").items() if k != "kid"}
+    rs = server(Published(unnamed, public_jwk(OTHER_RSA_KEY, "k2"), public_jwk(EC_KEY, "k3")))
+    assert (await rs.authenticate(sign(claims(), kid="any"), None)).subject == "alice", "kid-less published key"
+    assert (await rs.authenticate(sign(claims(sub="bob"), OTHER_RSA_KEY, kid=None), None)).subject == "bob"
+    assert (await rs.authenticate(sign(claims(sub="eve"), EC_KEY, "ES256", kid=None), None)).subject == "eve"
+    assert (await refused(rs, sign(claims(sub="x"), ED_KEY, "EdDSA", kid=None))).outcome == "unknown_key"
+
+
+def test_an_oauth_gateway_may_bind_a_public_address() -> None:
+    from gateway.serve import Unsafe, check_exposure
+
+    public = {"host": "0.0.0.0", "public_url": "https://gw.example.com"}
+    check_exposure(build_settings({}, {**public, "auth": {"oauth": {"issuer": ISSUER, "rules": [{"name": "r"}]}}}))
+    with pytest.raises(Unsafe, match=r"auth\.oauth"):
+        check_exposure(build_settings({}, public))
+
+
 async def test_an_rsa_key_limited_to_one_algorithm_verifies_no_other() -> None:
     rs = server(Published(public_jwk(RSA_KEY, "k1", alg="RS256")))
     assert (await refused(rs, sign(claims(), alg="PS256"))).outcome == "unknown_key"
