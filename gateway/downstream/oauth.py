@@ -294,7 +294,7 @@ class ResourceServer:
                 self._forget(time.monotonic())
             self._remembered[digest] = (claims, until)
         audience = claims.get("aud")
-        given = set(audience) if isinstance(audience, list) else {audience}
+        given = {a for a in (audience if isinstance(audience, list) else [audience]) if isinstance(a, str)}
         if not given & (self._audience | {self.resource_of(endpoint)}):
             raise _invalid(
                 f"the token is for another resource (its audience is not {self.resource_of(endpoint)})", "audience"

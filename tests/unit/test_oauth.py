@@ -203,6 +203,7 @@ async def test_claims_are_checked() -> None:
         "audience": claims(aud="https://other.example.com/mcp"),
         "claims": {k: v for k, v in claims().items() if k != "sub"},
     }
+    assert (await refused(rs, sign(claims(aud=[{"odd": 1}, 7])))).outcome == "audience"
     for outcome, payload in cases.items():
         refusal = await refused(rs, sign(payload))
         assert (refusal.status, refusal.error, refusal.outcome) == (401, "invalid_token", outcome)
