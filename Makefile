@@ -36,7 +36,7 @@ unit: setup
 	$(BIN)/pytest tests/unit -q
 
 SDK_PATH_TESTS = tests/integration/test_gateway.py tests/integration/test_resilience.py tests/integration/test_security.py \
-  tests/integration/test_conformance.py
+  tests/integration/test_oauth.py tests/integration/test_conformance.py
 
 test: setup system-deps tests/thirdparty/node_modules/.installed lint  ## set up and run every check and test
 	$(BIN)/pytest -q

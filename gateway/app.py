@@ -17,6 +17,7 @@ from gateway.admin.servers import Runtime, RuntimeError_
 from gateway.admin.store import open_store
 from gateway.config import ConfigError, FileConfig, load_config
 from gateway.downstream.gate import AuthGate, Limits, transport_security
+from gateway.downstream.oauth import ResourceServer
 from gateway.downstream.server import Frontend
 from gateway.downstream.shortcut import Shortcut
 from gateway.logs import get_logger
@@ -33,7 +34,10 @@ def build_app(settings: Settings, config: FileConfig, environ: Mapping[str, str]
     registry = Registry(config.servers, environ, credentials=settings.credentials, fast=settings.fast_path, store=store)
     registry.conversations.max_total = settings.max_conversation_instances
     confirm_key = settings.confirm_key.get_secret_value().encode() if settings.confirm_key else None
-    frontend = Frontend(registry, views_for(settings.auth.tokens, settings.endpoints), confirm_key, settings.exposure)
+    oauth = settings.auth.oauth
+    rules = oauth.rules if oauth is not None else []
+    views = views_for(settings.auth.tokens, settings.endpoints, rules)
+    frontend = Frontend(registry, views, confirm_key, settings.exposure)
     runtime = Runtime(registry, store, settings)
     frontend.egress = runtime.egress
     security = transport_security(settings.allowed_hosts, settings.allowed_origins)
@@ -48,7 +52,13 @@ def build_app(settings: Settings, config: FileConfig, environ: Mapping[str, str]
     frontend.sessions.attach(frontend.server.session_manager)
     lane: ASGIApp = Shortcut(mcp_app, frontend, security) if settings.fast_path else mcp_app
     limits = Limits(settings.max_body_bytes, settings.max_json_depth)
-    gate = AuthGate(lane, settings.auth.tokens, frontend.sessions, limits, settings.endpoints)
+    resource_server = None
+    if oauth is not None:
+        resource_server = ResourceServer(oauth, settings.resource_url, frozenset(settings.endpoints))
+        resource_server.on_outcome = registry.metrics.count_oauth_token
+        assert resource_server.keys is not None
+        resource_server.keys.on_fetch = registry.metrics.count_key_fetch
+    gate = AuthGate(lane, settings.auth.tokens, frontend.sessions, limits, settings.endpoints, resource_server)
 
     async def reload() -> list[str]:
         try:
@@ -77,6 +87,8 @@ def build_app(settings: Settings, config: FileConfig, environ: Mapping[str, str]
         ):
             tg.start_soon(runtime.run)
             tg.start_soon(on_sighup)
+            if resource_server is not None:
+                tg.start_soon(resource_server.warm_up)
             app.state.started = True
             try:
                 yield
@@ -88,6 +100,8 @@ def build_app(settings: Settings, config: FileConfig, environ: Mapping[str, str]
     routes: list[BaseRoute] = list(probe_routes(registry, runtime, lambda: bool(app.state.started)))
     if settings.admin_token is not None:
         routes += admin_routes(registry, runtime, settings.admin_token.get_secret_value(), reload)
+    if resource_server is not None:
+        routes += resource_server.routes()
     app = Starlette(routes=[*routes, Mount("/", app=gate)], lifespan=lifespan)
     app.state.started = False
     app.state.registry = registry

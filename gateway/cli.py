@@ -128,6 +128,11 @@ def _check(settings: Settings, config: FileConfig) -> int:
     enabled = [s for s in config.servers if not s.disabled]
     disabled = len(config.servers) - len(enabled)
     print(f"{settings.config}: ok ({len(enabled)} servers enabled, {disabled} disabled)")
+    if (oauth := settings.auth.oauth) is not None:
+        keys = oauth.jwks_url or "from the issuer's metadata"
+        audience = ", ".join(dict.fromkeys([settings.resource_url, *oauth.audience]))
+        print(f"oauth: tokens from {oauth.issuer} (keys: {keys}) for {audience}")
+        print(f"oauth: {len(oauth.rules)} rules, first match wins: {', '.join(r.name for r in oauth.rules)}")
     return 0
 
 

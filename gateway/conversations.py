@@ -7,8 +7,8 @@ deleted or expires) or after `idle_timeout` without a request. The server's list
 shared connection, so listing tools never starts a process per caller.
 
 What a conversation is: a 2025-era client's `Mcp-Session-Id`; for a sessionless 2026-07-28 client,
-its token plus the id it sends in `_meta["manifold/conversation"]` (one conversation per token when
-it sends none).
+its token (an OAuth token's rule and subject) plus the id it sends in `_meta["manifold/conversation"]`
+(one conversation per token when it sends none).
 """
 
 from __future__ import annotations
@@ -45,14 +45,15 @@ CONVERSATION_VARIABLE = "MANIFOLD_CONVERSATION"
 HANDED = "handed:"  # instance keys of servers a conversation handed over
 
 
-def conversation_key(session_id: str | None, view: str, meta: Mapping[str, Any] | None) -> str:
-    """The conversation a request belongs to: its 2025 session, else its token and the id it sends (if any)."""
+def conversation_key(session_id: str | None, owner: str, meta: Mapping[str, Any] | None) -> str:
+    """The conversation a request belongs to: its 2025 session, else its owner (the caller's token, or OAuth
+    rule and subject) and the id it sends (if any)."""
     if session_id:
         return f"session:{session_id}"
     given = meta.get(CONVERSATION_META) if meta else None
     if isinstance(given, str) and given:
-        return f"token:{view}:{given[:128]}"
-    return f"token:{view}"
+        return f"token:{owner}:{given[:128]}"
+    return f"token:{owner}"
 
 
 def label(conversation: str) -> str:

@@ -100,6 +100,19 @@ class Metrics:
             ["server"],
             registry=r,
         )
+        self.oauth_tokens = Counter(
+            "manifold_oauth_tokens",
+            "OAuth access tokens checked, by outcome (accepted, expired, audience, issuer, signature, unknown_key, "
+            "algorithm, type, claims, malformed, not_yet_valid, scope, no_rule, no_keys)",
+            ["outcome"],
+            registry=r,
+        )
+        self.oauth_key_fetches = Counter(
+            "manifold_oauth_key_fetches",
+            "Fetches of the authorization server's signing keys (JWKS), by outcome (ok, error)",
+            ["outcome"],
+            registry=r,
+        )
         self.build_info = Gauge("manifold_build_info", "Always 1; the version is a label", ["version"], registry=r)
         self.build_info.labels(__version__).set(1)
         self._children: dict[tuple[str, ...], Any] = {}  # labelled series, looked up once each
@@ -202,6 +215,14 @@ class Metrics:
         """Count one connection attempt by outcome, `ok` or `error` (not for a removed server)."""
         if server in self._servers:
             self.upstream_connects.labels(server, outcome).inc()
+
+    def count_oauth_token(self, outcome: str) -> None:
+        """Count one OAuth access token checked, by outcome."""
+        self._child(self.oauth_tokens, "oauth", outcome).inc()
+
+    def count_key_fetch(self, outcome: str) -> None:
+        """Count one fetch of the authorization server's keys, by outcome."""
+        self._child(self.oauth_key_fetches, "keys", outcome).inc()
 
     def _child(self, metric: Any, kind: str, *labels: str) -> Any:
         key = (kind, *labels)

@@ -41,13 +41,14 @@ class Unsafe(Exception):
 
 def check_exposure(settings: Settings) -> None:
     """Refuse an unauthenticated gateway on a non-loopback address; warn on loopback."""
-    if settings.auth.tokens:
+    if settings.auth.enabled:
         return
     loopback = settings.host in LOOPBACK or settings.host.startswith("127.")
     if not loopback and not settings.allow_unauthenticated:
         raise Unsafe(
             f"refusing to serve {settings.host}:{settings.port} without authentication: add API tokens under "
-            "`auth.tokens` in the config (see the README's Security section), or pass --allow-unauthenticated "
+            "`auth.tokens` or an identity provider under `auth.oauth` in the config (see the README's Security "
+            "section), or pass --allow-unauthenticated "
             "(MANIFOLD_ALLOW_UNAUTHENTICATED=true) if something in front of the gateway authenticates callers"
         )
     log.warning("no API tokens configured: /mcp is open to anyone who can reach it", host=settings.host)

@@ -6,8 +6,18 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, StringConstraints, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    StringConstraints,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     InitSettingsSource,
@@ -16,7 +26,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from gateway.access import ENDPOINT_NAME, AuthConfig, EndpointSpec, Exposure
+from gateway.access import ENDPOINT_NAME, LOOPBACK_HOSTS, AuthConfig, EndpointSpec, Exposure
 from gateway.config import ConfigError, FileConfig, load_config
 from gateway.interpolate import MissingVariable, interpolate
 
@@ -59,6 +69,7 @@ class Settings(BaseSettings):
     config: Path = DEFAULT_CONFIG
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
+    public_url: str | None = None
     allowed_hosts: CommaList = Field(default_factory=list)
     allowed_origins: CommaList = Field(default_factory=list)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
@@ -90,12 +101,41 @@ class Settings(BaseSettings):
         enabled = self.runtime.egress.enabled
         return (self.admin_token is not None) if enabled is None else enabled
 
+    @property
+    def resource_url(self) -> str:
+        """The gateway's `/mcp` URL as its clients reach it: `public_url` + `/mcp`, else (on loopback) the bound
+        address. It names the gateway as an OAuth protected resource (RFC 8707, RFC 9728)."""
+        if self.public_url is not None:
+            return f"{self.public_url}/mcp"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/mcp"
+
     @field_validator("allowed_hosts", "allowed_origins", mode="before")
     @classmethod
     def _split(cls, value: Any) -> Any:
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+            raise ValueError(f"expected the http(s) URL clients reach the gateway at, without query, got {value!r}")
+        return value.rstrip("/")
+
+    @model_validator(mode="after")
+    def _oauth_resource(self) -> Settings:
+        loopback = self.host in LOOPBACK_HOSTS or self.host.startswith("127.")
+        if self.auth.oauth is not None and self.public_url is None and not loopback:
+            raise ValueError(
+                "public_url: auth.oauth needs the URL clients reach the gateway at (e.g. https://gateway.example.com): "
+                "it names the gateway to the authorization server and in its protected resource metadata"
+            )
+        return self
 
 
 FILE_KEYS = frozenset(Settings.model_fields) - {"config"}
@@ -162,6 +202,13 @@ def build_settings(cli: Mapping[str, Any], file_values: Mapping[str, Any]) -> Se
     try:
         return _Layered(**cli)
     except ValidationError as e:
-        raise ConfigError(
-            [f"{'.'.join(str(p) for p in err['loc']) or '(settings)'}: {err['msg']}" for err in e.errors()]
-        ) from None
+        raise ConfigError([_problem(err) for err in e.errors()]) from None
+
+
+def _problem(err: Any) -> str:
+    """One validation error as `place: message`; a whole-settings check names its own place."""
+    message = str(err["msg"]).removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        message = "unknown key"
+    place = ".".join(str(p) for p in err["loc"])
+    return f"{place}: {message}" if place else message

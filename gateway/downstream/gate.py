@@ -1,8 +1,12 @@
 """The gate in front of `/mcp`: bearer tokens, rate limits, body and nesting limits, JSON-RPC decoding.
 
-`AuthGate` is plain ASGI middleware: it authenticates, rate-limits, bounds the body and its nesting,
-parses the body once, binds 2025-era sessions to the token that opened them, and hands the caller's
-`View` and the parsed message to what follows through the request scope.
+`AuthGate` is plain ASGI middleware: it authenticates (API tokens, and OAuth access tokens through
+`downstream.oauth`), rate-limits, bounds the body and its nesting, parses the body once, binds 2025-era
+sessions to the caller that opened them, and hands the caller's `View`, its owner key and the parsed
+message to what follows through the request scope.
+
+The owner key names who may use a session or a task: an API token's view name, or for an OAuth access
+token the rule's view name and the token's subject, so two subjects under one rule never share them.
 """
 
 from __future__ import annotations
@@ -22,12 +26,15 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.access import OPEN_VIEW, EndpointSpec, TokenSpec, View, views_for
 from gateway.bucket import TokenBucket
+from gateway.downstream.oauth import Refusal, ResourceServer
 from gateway.downstream.sessions import Sessions, asks_capabilities
 from gateway.jsonrpc import decode, encode, error_body
 from gateway.logs import get_logger
 
 log = get_logger("gate")
 SCOPE_KEY = "manifold_view"
+OWNER_KEY = "manifold_owner"
+SUBJECT_BUCKETS = 10_000  # rate buckets of OAuth subjects kept at most (the oldest go first)
 SESSION_HEADER = b"mcp-session-id"
 MESSAGE_KEY = "manifold_message"
 SCAN_LIMIT = 64 * 1024
@@ -170,65 +177,113 @@ class AuthGate:
     sessions: Sessions
     limits: Limits = field(default_factory=Limits)
     endpoints: Mapping[str, EndpointSpec] = field(default_factory=dict)
+    oauth: ResourceServer | None = None
 
     def __post_init__(self) -> None:
         self._tokens = [(t.digest(), t) for t in self.tokens]
-        self._views = {view.name: view for view in views_for(self.tokens)} if self._tokens else {}
+        rules = self.oauth.config.rules if self.oauth is not None else []
+        guarded = bool(self._tokens) or self.oauth is not None
+        self._views = {view.name: view for view in views_for(self.tokens, rules=rules)} if guarded else {}
         bases = list(self._views.values()) or [OPEN_VIEW]
         self._at = {(v.name, name): v.at(name, spec) for name, spec in self.endpoints.items() for v in bases}
         self._buckets = {
             t.name: TokenBucket(t.rate, t.burst or max(1, int(t.rate * 2))) for _, t in self._tokens if t.rate
         }
+        self._rates = {r.name: (r.rate, r.burst or max(1, int(r.rate * 2))) for r in rules if r.rate}
+        self._subject_buckets: dict[tuple[str, str], TokenBucket] = {}
+        self._guarded = guarded
 
-    def _identify(self, header: bytes | None) -> TokenSpec | None:
-        if not header or header[:7].lower() != b"bearer ":
-            return None
-        presented = hashlib.sha256(header[7:].strip()).digest()
+    def _identify(self, presented: bytes) -> TokenSpec | None:
+        digest = hashlib.sha256(presented).digest()
         found = None
-        for digest, token in self._tokens:  # every entry is compared: the time does not tell which matched
-            if hmac.compare_digest(digest, presented):
+        for known, token in self._tokens:  # every entry is compared: the time does not tell which matched
+            if hmac.compare_digest(known, digest):
                 found = token
         return found
+
+    async def _authenticate(
+        self, header: bytes | None, endpoint: str | None, send: Send
+    ) -> tuple[View, str | None] | None:
+        """The caller's view and (for an OAuth token) subject; None when a refusal was sent."""
+        presented = header[7:].strip() if header and header[:7].lower() == b"bearer " else None
+        token = self._identify(presented) if presented and self._tokens else None
+        if token is not None:
+            if not await self._within_rate(self._buckets.get(token.name), "token", send):
+                return None
+            return self._views[token.name], None
+        if presented and self.oauth is not None:
+            try:
+                principal = await self.oauth.authenticate(presented, endpoint)
+            except Refusal as refusal:
+                await self._refuse(send, endpoint, refusal)
+                return None
+            if not await self._within_rate(
+                self._subject_bucket(principal.rule.name, principal.subject), "subject", send
+            ):
+                return None
+            return self._views[principal.rule.name], principal.subject
+        await self._refuse(send, endpoint, None)
+        return None
+
+    def _subject_bucket(self, rule: str, subject: str) -> TokenBucket | None:
+        rate = self._rates.get(rule)
+        if rate is None:
+            return None
+        bucket = self._subject_buckets.get((rule, subject))
+        if bucket is None:
+            if len(self._subject_buckets) >= SUBJECT_BUCKETS:
+                del self._subject_buckets[next(iter(self._subject_buckets))]
+            bucket = self._subject_buckets[(rule, subject)] = TokenBucket(*rate)
+        return bucket
+
+    async def _within_rate(self, bucket: TokenBucket | None, who: str, send: Send) -> bool:
+        if bucket is None or (wait := bucket.take()) <= 0:
+            return True
+        retry = str(max(1, round(wait + 0.5))).encode()
+        await _reject(send, 429, -32000, f"Too many requests for this {who}", {b"retry-after": retry})
+        return False
+
+    async def _refuse(self, send: Send, endpoint: str | None, refusal: Refusal | None) -> None:
+        """401 (no or a bad token), 403 (a valid token without the scope or rule it needs), or 503 (the
+        authorization server's keys cannot be had), with a `WWW-Authenticate` challenge."""
+        if self.oauth is None:
+            challenge = b'Bearer realm="manifold"'
+        else:
+            challenge = self.oauth.challenge(endpoint if endpoint in self.endpoints else None, refusal)
+        if refusal is None:
+            await _reject(
+                send, 401, -32001, "Unauthorized: a valid bearer token is required", {b"www-authenticate": challenge}
+            )
+        elif refusal.status == 403:
+            await _reject(send, 403, -32001, f"Forbidden: {refusal.reason}", {b"www-authenticate": challenge})
+        elif refusal.status == 401:
+            await _reject(send, 401, -32001, f"Unauthorized: {refusal.reason}", {b"www-authenticate": challenge})
+        else:
+            await _reject(send, refusal.status, -32000, f"Unavailable: {refusal.reason}", {b"retry-after": b"5"})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         headers = dict(scope["headers"])
-        view = OPEN_VIEW
-        if self._tokens:
-            token = self._identify(headers.get(b"authorization"))
-            if token is None:
-                await _reject(
-                    send,
-                    401,
-                    -32001,
-                    "Unauthorized: a valid bearer token is required",
-                    {b"www-authenticate": b'Bearer realm="manifold"'},
-                )
+        endpoint = scope["path"][len("/mcp/") :] if scope["path"].startswith("/mcp/") else None
+        view, subject = OPEN_VIEW, None
+        if self._guarded:
+            caller = await self._authenticate(headers.get(b"authorization"), endpoint, send)
+            if caller is None:
                 return
-            view = self._views[token.name]
-            bucket = self._buckets.get(token.name)
-            if bucket is not None and (wait := bucket.take()) > 0:
-                await _reject(
-                    send,
-                    429,
-                    -32000,
-                    "Too many requests for this token",
-                    {b"retry-after": str(max(1, round(wait + 0.5))).encode()},
-                )
-                return
-        if scope["path"].startswith("/mcp/"):
-            endpoint = scope["path"][len("/mcp/") :]
+            view, subject = caller
+        if endpoint is not None:
             narrowed = self._at.get((view.name, endpoint))
             if narrowed is None:
                 await _reject(send, 404, -32600, f"No endpoint named {endpoint[:64]!r}")
                 return
             view = narrowed
             scope = {**scope, "path": "/mcp", "raw_path": b"/mcp"}
+        owner = view.name if subject is None else f"{view.name}|sub={subject}"
         raw_session = headers.get(SESSION_HEADER)
         session = raw_session.decode("latin-1") if raw_session is not None else None
-        if session is not None and self.sessions.owner(session) not in (None, view.name):
+        if session is not None and self.sessions.owner(session) not in (None, owner):
             await _reject(send, 404, -32600, "Session not found")
             return
         if scope["method"] == "POST":
@@ -246,7 +301,8 @@ class AuthGate:
                 return
             receive = _replay(body, receive)
             scope.setdefault("state", {})[MESSAGE_KEY] = message
-        scope.setdefault("state", {})[SCOPE_KEY] = view
+        state = scope.setdefault("state", {})
+        state[SCOPE_KEY], state[OWNER_KEY] = view, owner
 
         talks = asks_capabilities(scope["state"].get(MESSAGE_KEY))
 
@@ -254,7 +310,7 @@ class AuthGate:
             if message["type"] == "http.response.start" and session is None:
                 for key, value in message.get("headers", []):
                     if key.lower() == SESSION_HEADER:
-                        self.sessions.opened(value.decode("latin-1"), view.name, talks=talks)
+                        self.sessions.opened(value.decode("latin-1"), view.name, owner, talks=talks)
             await send(message)
 
         await self.app(scope, receive, send_watching)
@@ -304,3 +360,10 @@ def view_of(state: Any) -> View:
     """The caller's view from a request's state (the open view when none was set)."""
     value = getattr(state, SCOPE_KEY, None) if not isinstance(state, dict) else state.get(SCOPE_KEY)
     return value if isinstance(value, View) else OPEN_VIEW
+
+
+def owner_of(state: Any) -> str:
+    """Who the caller is, from a request's state: the key its sessions, tasks and conversations are bound to
+    (an API token's view name; an OAuth rule's view name and the token's subject)."""
+    value = getattr(state, OWNER_KEY, None) if not isinstance(state, dict) else state.get(OWNER_KEY)
+    return value if isinstance(value, str) else view_of(state).name

@@ -32,7 +32,7 @@ from gateway.calls import SERVER_INFO, SERVER_INFO_KEY, call_tool, forwardable_m
 from gateway.catalog import Entry
 from gateway.conversations import CONVERSATION, conversation_key
 from gateway.downstream.callers import SessionCaller, declared_capabilities
-from gateway.downstream.gate import view_of
+from gateway.downstream.gate import owner_of, view_of
 from gateway.downstream.held import HeldCalls
 from gateway.downstream.listing import LISTING_CACHE, Listings
 from gateway.downstream.sessions import Sessions
@@ -147,6 +147,11 @@ def _own_result(result: Json, version: str) -> Json:
 def request_view(ctx: ServerRequestContext[Any, Any]) -> View:
     """The caller's view, as the auth gate left it on the HTTP request."""
     return view_of(ctx.request.state) if ctx.request is not None else OPEN_VIEW
+
+
+def request_owner(ctx: ServerRequestContext[Any, Any]) -> str:
+    """Who the caller is (its token, or its OAuth rule and subject), as the auth gate left it."""
+    return owner_of(ctx.request.state) if ctx.request is not None else OPEN_VIEW.name
 
 
 class _Channel:
@@ -405,11 +410,12 @@ class Frontend:
         return True
 
     def _owner(self, ctx: ServerRequestContext[Any]) -> str:
-        """Whose a task is: a 2025-era caller's session, else (sessionless) the caller's token."""
+        """Whose a task is: a 2025-era caller's session, else (sessionless) the caller's token (for an OAuth
+        token: its rule and subject)."""
         session_id = ctx.request.headers.get(SESSION_HEADER) if ctx.request is not None else None
         if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS and session_id:
             return f"session:{session_id}"
-        return f"token:{request_view(ctx).name}"
+        return f"token:{request_owner(ctx)}"
 
     async def _task_get(self, ctx: ServerRequestContext[Any], params: Any) -> Any:
         return await self._task(ctx, "tasks/get")
@@ -631,7 +637,7 @@ class Frontend:
             else None
         )
         meta = ctx.meta if isinstance(ctx.meta, dict) else None
-        CONVERSATION.set(conversation_key(legacy_session, request_view(ctx).name, meta))
+        CONVERSATION.set(conversation_key(legacy_session, request_owner(ctx), meta))
         if ctx.method in ("initialize", "server/discover"):
             return self._narrowed(await call_next(ctx), request_view(ctx))
         if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS and ctx.request is not None:

@@ -1,9 +1,10 @@
 """The one owner of downstream 2025-era session state.
 
-A session is opened by the SDK's transport (on `initialize`); the gate records which token's view
-opened it, the server records the SDK session it pushes change notices through. Liveness comes from
-the SDK's own table of open sessions, read through `gateway.internals.sdk`; records of sessions it
-has closed are pruned whenever the sessions are counted or told of a change, and as the table grows.
+A session is opened by the SDK's transport (on `initialize`); the gate records which view opened it and
+its owner (an API token, or an OAuth rule and the token's subject: no one else may use it), the server
+records the SDK session it pushes change notices through. Liveness comes from the SDK's own table of
+open sessions, read through `gateway.internals.sdk`; records of sessions it has closed are pruned
+whenever the sessions are counted or told of a change, and as the table grows.
 """
 
 from __future__ import annotations
@@ -31,9 +32,11 @@ def asks_capabilities(message: Any) -> bool:
 
 @dataclass
 class Session:
-    """One open 2025-era session: the view it belongs to, and (once it served a request) its SDK session."""
+    """One open 2025-era session: the view it belongs to, its owner (who alone may use it), and (once it served
+    a request) its SDK session."""
 
     view: str
+    owner: str | None = None
     pusher: Any = None
     level: str | None = None
     talks: bool = False
@@ -54,13 +57,16 @@ class Sessions:
         self._manager = manager
 
     def owner(self, session_id: str) -> str | None:
-        """The view that opened the session, or None when unknown here."""
+        """Who opened the session (its owner, else its view), or None when unknown here."""
         session = self._by_id.get(session_id)
-        return session.view if session is not None else None
+        if session is None:
+            return None
+        return session.owner if session.owner is not None else session.view
 
-    def opened(self, session_id: str, view: str, *, talks: bool = False) -> None:
-        """Record a session the SDK just opened for a caller with `view` (`talks`: its client can be asked)."""
-        self._by_id.setdefault(session_id, Session(view, talks=talks))
+    def opened(self, session_id: str, view: str, owner: str | None = None, *, talks: bool = False) -> None:
+        """Record a session the SDK just opened for a caller with `view` and `owner` (default: the view's name;
+        `talks`: its client can be asked)."""
+        self._by_id.setdefault(session_id, Session(view, owner, talks=talks))
         if len(self._by_id) >= self._prune_at:
             self.prune()
             self._prune_at = max(64, 2 * len(self._by_id))

@@ -34,7 +34,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.calls import admit, forward_call, forwardable_meta
 from gateway.conversations import CONVERSATION, conversation_key
-from gateway.downstream.gate import MESSAGE_KEY, view_of
+from gateway.downstream.gate import MESSAGE_KEY, owner_of, view_of
 from gateway.downstream.server import Frontend
 from gateway.exposure import OWN_TOOLS
 from gateway.jsonrpc import INTERNAL_ERROR, REQUEST_CANCELLED, encode
@@ -163,7 +163,7 @@ class Shortcut:
         meta = params.get("_meta")
         if meta is not None and not isinstance(meta, dict):
             return False
-        conversation = conversation_key(session_id, view.name, meta)
+        conversation = conversation_key(session_id, owner_of(scope.get("state")), meta)
         if self.registry.conversations.has_handed(conversation):
             return False  # a conversation with servers of its own sees a listing of its own
         if method == "tools/list":

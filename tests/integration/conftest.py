@@ -75,10 +75,11 @@ def run_gateway(
     env: dict[str, str] | None = None,
     args: tuple[str, ...] = (),
     config_name: str = "manifold.yaml",
+    port: int | None = None,
 ) -> Iterator[Gateway]:
-    """Start `python -m gateway serve` on a free port; stop it (and check it exits) afterwards."""
+    """Start `python -m gateway serve` on `port` (default: a free one); stop it (and check it exits) afterwards."""
     path = write_config(tmp_path, config, config_name)
-    port = free_port()
+    port = port or free_port()
     log_path = tmp_path / f"gateway-{port}.log"
     with log_path.open("wb") as log:
         proc = subprocess.Popen(

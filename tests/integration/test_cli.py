@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from tests.fixtures.servers import stdio_spec
 from tests.integration.conftest import ROOT, write_config
@@ -92,6 +93,50 @@ def test_check_accepts_both_example_configs() -> None:
         result = manifold("check", "--config", str(ROOT / "config" / name))
         assert result.returncode == 0, result.stderr
         assert "ok (2 servers enabled" in result.stdout
+
+
+OAUTH: dict[str, Any] = {
+    "issuer": "https://id.example.com/realms/acme",
+    "required_scopes": ["mcp"],
+    "rules": [
+        {"name": "ops", "when": {"groups": "ops"}, "servers": ["a"], "gated": "confirm"},
+        {"name": "readers", "when": {"scope": "mcp:read"}, "tools": ["a__search_*"]},
+    ],
+}
+
+
+def test_check_knows_the_oauth_keys_and_names_each_problem(tmp_path: Path) -> None:
+    good = {"servers": {"a": {"command": "x"}}, "public_url": "https://gw.example.com", "auth": {"oauth": OAUTH}}
+    result = manifold("check", "--config", str(write_config(tmp_path, good)))
+    assert result.returncode == 0, result.stderr
+    assert (
+        "oauth: tokens from https://id.example.com/realms/acme (keys: from the issuer's metadata) for " in result.stdout
+    )
+    assert "https://gw.example.com/mcp" in result.stdout
+    assert "oauth: 2 rules, first match wins: ops, readers" in result.stdout
+    rules = [{**OAUTH["rules"][0], "gated": "sometimes"}, {"name": "all", "whenn": {}}]
+    broken: dict[str, Any] = {
+        "host": "0.0.0.0",
+        "auth": {
+            "tokens": [{"name": "all", "sha256": "0" * 64}],
+            "oauth": {**OAUTH, "issuer": "http://id.example.com", "algorithms": ["RS256", "HS256"], "rules": rules},
+        },
+    }
+    result = manifold("check", "--config", str(write_config(tmp_path, broken)))
+    assert result.returncode == 1
+    for fragment in (
+        "auth.oauth.issuer: the issuer must use https (http only on a loopback address)",
+        "auth.oauth.algorithms: HS256 is refused: only asymmetric algorithms are accepted",
+        "auth.oauth.rules.0.gated: Input should be 'allow', 'deny' or 'confirm'",
+        "auth.oauth.rules.1.whenn: unknown key",
+    ):
+        assert f"error: {fragment}" in result.stderr, f"{fragment!r} not in:\n{result.stderr}"
+    clash = {**broken, "auth": {**broken["auth"], "oauth": {**OAUTH, "rules": [{"name": "all"}]}}}
+    result = manifold("check", "--config", str(write_config(tmp_path, clash)))
+    assert "error: auth: oauth rule names must differ from token names: all" in result.stderr, result.stderr
+    no_url = {"host": "0.0.0.0", "auth": {"oauth": OAUTH}}
+    result = manifold("check", "--config", str(write_config(tmp_path, no_url)))
+    assert "error: public_url: auth.oauth needs the URL clients reach the gateway at" in result.stderr
 
 
 def test_config_comes_from_manifold_config_env(tmp_path: Path) -> None:

@@ -70,7 +70,9 @@ async def test_deferred_lists_the_small_set_and_search_and_call_work(tmp_path: P
                 listed = await client.tool_names()
                 assert set(names) <= set(listed), "a 2025 session lists what its search found"
             else:
-                assert changes.count == seen and sorted(await client.tool_names()) == sorted([CALL, SEARCH, "fx__whoami"])
+                assert changes.count == seen and sorted(await client.tool_names()) == sorted(
+                    [CALL, SEARCH, "fx__whoami"]
+                )
 
             result = await client.call(CALL, {"name": "fx__add", "arguments": {"a": 2, "b": 40}})
             assert not result.is_error and result.structured_content == {"sum": 42}
@@ -86,7 +88,7 @@ async def test_bad_input_to_both_tools_is_a_clean_tool_error(tmp_path: Path, era
         ready(gw.base)
         async with connect(gw.url, era) as client:
             await client.wait_for(lambda n: SEARCH in n)
-            cases = [
+            cases: list[tuple[str, dict[str, Any], str]] = [
                 (SEARCH, {}, "`query` must be a non-empty string"),
                 (SEARCH, {"query": "   "}, "`query` must be a non-empty string"),
                 (SEARCH, {"query": "x", "limit": 0}, "`limit` must be an integer from 1 to 50"),

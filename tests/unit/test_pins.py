@@ -8,8 +8,8 @@ import pytest
 
 from gateway.admin.store.memory import MemoryStore
 from gateway.catalog import Catalog, Entry, ToolSet
-from gateway.labels import labels_for
 from gateway.config import PinMode
+from gateway.labels import labels_for
 from gateway.pins import Pins, digest, readable_diff, visible
 
 pytestmark = pytest.mark.anyio

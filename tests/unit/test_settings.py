@@ -20,6 +20,7 @@ def test_file_keys():
     expected = {
         "host",
         "port",
+        "public_url",
         "allowed_hosts",
         "allowed_origins",
         "log_level",
