@@ -13,6 +13,7 @@ import anyio
 
 from gateway import __version__
 from gateway.config import ConfigError, FileConfig, missing_variables
+from gateway.credentials import credential_variables, use_problems
 from gateway.settings import Settings, load
 
 
@@ -116,11 +117,15 @@ def _check(settings: Settings, config: FileConfig) -> int:
         if not spec.disabled
         for problem in missing_variables(spec, os.environ)
     ]
-    problems += [
-        f"servers.{spec.name}.credential: no credential named {spec.credential!r} under `credentials`"
-        for spec in config.servers
-        if spec.credential is not None and spec.credential not in settings.credentials
-    ]
+    used: dict[str, None] = {}
+    for spec in config.servers:
+        if spec.credential is None:
+            continue
+        credential = settings.credentials.get(spec.credential)
+        problems += use_problems(spec, spec.credential, credential, f"servers.{spec.name}.credential")
+        if credential is not None and not spec.disabled:
+            used[spec.credential] = None
+    problems += [p for name in used for p in credential_variables(name, settings.credentials[name], os.environ)]
     for problem in problems:
         print(f"error: {problem}", file=sys.stderr)
     if problems:

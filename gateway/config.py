@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
+from gateway.credentials import OAuthParams, fill_oauth, use_problems
 from gateway.interpolate import MissingVariable, interpolate
 from gateway.naming import sanitise
 
@@ -186,22 +187,29 @@ class ResolvedServer:
     cwd: str | None
     url: str | None
     headers: dict[str, str]
+    oauth: OAuthParams | None = None  # the server's access tokens come from this OAuth client
 
 
 def resolve(
     spec: ServerSpec, environ: Mapping[str, str], credentials: Mapping[str, Any] | None = None
 ) -> ResolvedServer:
-    """Fill `${VAR}` in url, headers, env and args, adding the named credential's headers and env.
+    """Fill `${VAR}` in url, headers, env and args, adding the named credential's headers and env (or, for an
+    OAuth credential, the client to get the server's access tokens with).
 
-    `ConfigError` names each unset variable (or unknown credential) and its place, never a value.
+    `ConfigError` names each unset variable (or unknown or unusable credential) and its place, never a value.
     """
     problems = missing_variables(spec, environ)
     extra_headers: dict[str, str] = {}
     extra_env: dict[str, str] = {}
+    oauth = None
+    url = interpolate(spec.url, environ) if spec.url is not None and not problems else spec.url
     if spec.credential is not None:
         credential = (credentials or {}).get(spec.credential)
         if credential is None:
             problems.append(f"credential: no credential named {spec.credential!r} in the gateway's config")
+        elif credential.oauth is not None:
+            problems += use_problems(spec, spec.credential, credential)
+            oauth = fill_oauth(spec.credential, credential.oauth, url, environ, problems)
         else:
             for kind, target in (("headers", extra_headers), ("env", extra_env)):
                 for key, text in getattr(credential, kind).items():
@@ -216,8 +224,9 @@ def resolve(
         args=[interpolate(a, environ) for a in spec.args],
         env={**extra_env, **{k: interpolate(v, environ) for k, v in spec.env.items()}},
         cwd=spec.cwd,
-        url=interpolate(spec.url, environ) if spec.url is not None else None,
+        url=url,
         headers={**extra_headers, **{k: interpolate(v, environ) for k, v in spec.headers.items()}},
+        oauth=oauth,
     )
 
 

@@ -28,20 +28,12 @@ from pydantic_settings import (
 
 from gateway.access import ENDPOINT_NAME, LOOPBACK_HOSTS, AuthConfig, EndpointSpec, Exposure
 from gateway.config import ConfigError, FileConfig, load_config
+from gateway.credentials import Credential
 from gateway.interpolate import MissingVariable, interpolate
 
 DEFAULT_CONFIG = Path("config/manifold.yaml")
 LogFormat = Literal["auto", "json", "console"]
 CommaList = Annotated[list[str], NoDecode]
-
-
-class Credential(BaseModel):
-    """Secrets a server can refer to by name (`credential: NAME`); `${VAR}` is filled at connect time."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    headers: dict[str, str] = Field(default_factory=dict)
-    env: dict[str, str] = Field(default_factory=dict)
 
 
 class EgressSettings(BaseModel):
@@ -82,6 +74,7 @@ class Settings(BaseSettings):
     reconcile_interval: float = Field(60.0, gt=0)
     runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
     credentials: dict[str, Credential] = Field(default_factory=dict)
+    oauth_key: SecretStr | None = None
     auth: AuthConfig = Field(default_factory=AuthConfig)
     endpoints: dict[Annotated[str, StringConstraints(pattern=ENDPOINT_NAME)], EndpointSpec] = Field(
         default_factory=dict
@@ -117,6 +110,13 @@ class Settings(BaseSettings):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
 
+    @field_validator("oauth_key")
+    @classmethod
+    def _oauth_key(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < 32:
+            raise ValueError("at least 32 characters, please (e.g. the output of `openssl rand -base64 32`)")
+        return value
+
     @field_validator("public_url")
     @classmethod
     def _public_url(cls, value: str | None) -> str | None:
@@ -135,6 +135,24 @@ class Settings(BaseSettings):
                 "public_url: auth.oauth needs the URL clients reach the gateway at (e.g. https://gateway.example.com): "
                 "it names the gateway to the authorization server and in its protected resource metadata"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _oauth_storage(self) -> Settings:
+        store = self.store.get_secret_value() if self.store is not None else ""
+        for name, credential in self.credentials.items():
+            if credential.oauth is None or credential.oauth.grant != "refresh_token":
+                continue
+            if self.oauth_key is None:
+                raise ValueError(
+                    f"credentials.{name}.oauth.grant: refresh_token needs `oauth_key` (or MANIFOLD_OAUTH_KEY): "
+                    "refresh tokens are only ever stored encrypted"
+                )
+            if not store.startswith(("sqlite:///", "redis://", "rediss://", "unix://")):
+                raise ValueError(
+                    f"credentials.{name}.oauth.grant: refresh_token needs a `store` (sqlite:///... or redis://...): "
+                    "`manifold auth login` puts the refresh token there for the gateway to read"
+                )
         return self
 
 
@@ -158,11 +176,11 @@ def load(cli: Mapping[str, Any]) -> tuple[Settings, FileConfig]:
 
 
 def _fill(values: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
-    """`${VAR}` in the file's `admin_token`, `store`, `confirm_key` and token secrets (credentials are filled
-    when used)."""
+    """`${VAR}` in the file's `admin_token`, `store`, `confirm_key`, `oauth_key` and token secrets (credentials
+    are filled when used)."""
     filled = dict(values)
     problems = []
-    for key in ("admin_token", "store", "confirm_key"):
+    for key in ("admin_token", "store", "confirm_key", "oauth_key"):
         if isinstance(filled.get(key), str):
             try:
                 filled[key] = interpolate(filled[key], environ)

@@ -9,6 +9,7 @@ import anyio
 
 from gateway.admin.store import Options, Store, StoreError
 from gateway.config import ServerSpec, parse_server
+from gateway.credentials import use_problems
 from gateway.egress import EgressDenied, EgressPolicy, check_url
 from gateway.logs import get_logger
 from gateway.registry import NameTaken, Registry
@@ -78,6 +79,8 @@ class Runtime:
         if credential is not None and credential not in self.settings.credentials:
             problems.append(f"credential: no credential named {credential!r} in the gateway's config")
         spec = parse_server(name, options, "server", problems)
+        if spec is not None and spec.credential in self.settings.credentials:
+            problems += use_problems(spec, spec.credential, self.settings.credentials[spec.credential])
         if spec is not None and self.egress is not None:
             if spec.command is not None:
                 problems.append("command: runtime servers must use HTTP(S) while egress checks are on")

@@ -35,6 +35,7 @@ def test_file_keys():
         "reconcile_interval",
         "runtime",
         "credentials",
+        "oauth_key",
         "auth",
         "allow_unauthenticated",
         "max_body_bytes",
@@ -42,6 +43,7 @@ def test_file_keys():
         "max_sessions",
         "session_idle_timeout",
         "fast_path",
+        "exposure",
     }
     assert frozenset(expected) == FILE_KEYS
 
