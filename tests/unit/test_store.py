@@ -229,3 +229,57 @@ async def test_a_corrupt_pin_row_is_set_aside_by_key(tmp_path: Path) -> None:
     assert [(p.server, p.tool) for p in pins.pins()] == [("fx", "good")]
     assert sorted(e["pin"] for e in logs if e["event"].startswith("stored pin cannot be read")) == ["fx/cut", "fx/odd"]
     assert ROW_TEXT not in json.dumps(logs)
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "redis"])
+async def test_locks_are_exclusive_expire_and_release_only_their_own(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    from gateway.admin.store import StoreError, held
+    from gateway.admin.store.memory import MemoryStore
+
+    def open_one() -> Store:
+        if kind == "memory":
+            return MemoryStore()
+        if kind == "sqlite":
+            return SqliteStore(str(tmp_path / "locks.db"))
+        return RedisStore(f"redis://127.0.0.1:{request.getfixturevalue('redis_port')}/0")
+
+    store = open_one()
+    other = store if kind == "memory" else open_one()  # another process's view of the same store
+    await store.start()
+    try:
+        assert await store.lock("oauth:x", "a", 0.3)
+        assert not await other.lock("oauth:x", "b", 0.3), "taken"
+        assert await other.lock("oauth:y", "b", 0.3), "another name is free"
+        await other.unlock("oauth:x", "b")  # not b's: stays
+        assert not await store.lock("oauth:x", "c", 0.3)
+        await anyio.sleep(0.4)
+        assert await other.lock("oauth:x", "b", 5), "an expired lock is free"
+        await store.unlock("oauth:x", "a")  # a's lock expired and b took it: stays b's
+        assert not await store.lock("oauth:x", "a", 5)
+        await other.unlock("oauth:x", "b")
+        assert await store.lock("oauth:x", "a", 5)
+        await store.unlock("oauth:x", "a")
+
+        order: list[str] = []
+
+        async def holder(name: str) -> None:
+            async with held(store, "oauth:z", 5, 5):
+                order.append(f"{name} in")
+                await anyio.sleep(0.05)
+                order.append(f"{name} out")
+
+        async with anyio.create_task_group() as tg:
+            for name in "abc":
+                tg.start_soon(holder, name)
+        assert [o.split()[1] for o in order] == ["in", "out"] * 3, order
+
+        assert await store.lock("oauth:w", "a", 5)
+        with pytest.raises(StoreError, match="still taken"):
+            async with held(other, "oauth:w", 5, 0.2):
+                pass
+    finally:
+        await store.close()
+        if other is not store:
+            await other.close()

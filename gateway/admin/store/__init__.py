@@ -4,9 +4,13 @@ replicas). Two kinds of rows: runtime-added servers, and records (keyed JSON obj
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+import anyio
 
 Options = dict[str, Any]
 
@@ -78,21 +82,29 @@ class Store(Protocol):
         """Yield a reason each time the store may have changed elsewhere (forever; empty for local stores):
         `add NAME`, `remove NAME`, `{kind} {key}` for a record, or `subscribed` after each (re)subscription."""
 
+    async def lock(self, name: str, token: str, ttl: float) -> bool:
+        """Take the lock `name` for at most `ttl` seconds, as `token`; False while another holder has it (in any
+        process sharing the store)."""
 
-def open_store(url: str | None) -> Store:
-    """The store for a `store:` setting: None (memory), `sqlite:///path` or `redis://host:port/db`."""
-    from gateway.admin.store.memory import MemoryStore
+    async def unlock(self, name: str, token: str) -> None:
+        """Release the lock `name` if `token` still holds it (one that expired and was taken since stays taken)."""
 
-    if not url:
-        return MemoryStore()
-    if url.startswith("sqlite:///"):
-        from gateway.admin.store.sqlite import SqliteStore
 
-        return SqliteStore(url.removeprefix("sqlite:///"))
-    if url.startswith(("redis://", "rediss://", "unix://")):
-        from gateway.admin.store.redis import RedisStore
-
-        return RedisStore(url)
-    raise StoreError(
-        f"unknown store URL scheme in {url.split('://')[0]!r} (use sqlite:///path or redis://host:port/db)"
-    )
+@asynccontextmanager
+async def held(store: Store, name: str, ttl: float, wait: float) -> AsyncIterator[None]:
+    """Hold the store lock `name` for the block (for at most `ttl` seconds); waits up to `wait` seconds for it,
+    then raises `StoreError`."""
+    token = secrets.token_hex(16)
+    delay = 0.01
+    taken = False
+    with anyio.move_on_after(wait):
+        while not (taken := await store.lock(name, token, ttl)):
+            await anyio.sleep(delay)
+            delay = min(delay * 2, 0.2)
+    if not taken:
+        raise StoreError(f"the lock {name!r} was still taken after {wait:g} s")
+    try:
+        yield
+    finally:
+        with anyio.CancelScope(shield=True), suppress(StoreError):  # else it expires after `ttl`
+            await store.unlock(name, token)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 
 import anyio
@@ -17,6 +18,7 @@ class MemoryStore:
     def __init__(self) -> None:
         self._servers: dict[str, Options] = {}
         self._records: dict[str, dict[str, Options]] = {}
+        self._locks: dict[str, tuple[str, float]] = {}
 
     async def start(self) -> None:
         return None
@@ -49,3 +51,15 @@ class MemoryStore:
     async def changes(self) -> AsyncIterator[str]:
         await anyio.sleep_forever()
         yield ""  # pragma: no cover
+
+    async def lock(self, name: str, token: str, ttl: float) -> bool:
+        now = time.monotonic()
+        holder = self._locks.get(name)
+        if holder is not None and holder[1] > now:
+            return False
+        self._locks[name] = (token, now + ttl)
+        return True
+
+    async def unlock(self, name: str, token: str) -> None:
+        if self._locks.get(name, ("", 0.0))[0] == token:
+            del self._locks[name]

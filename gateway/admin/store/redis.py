@@ -16,6 +16,9 @@ from gateway.admin.store import Loaded, Options, StoreError, decode_rows
 KEY = "manifold:servers"
 RECORDS = "manifold:records:"  # one hash per kind of record
 CHANNEL = "manifold:servers:changed"
+LOCKS = "manifold:lock:"
+# Delete the lock only while it is still this holder's: it may have expired and been taken by another.
+UNLOCK = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end"
 
 
 def _where(url: str) -> str:
@@ -96,6 +99,18 @@ class RedisStore:
         except (RedisError, OSError) as e:
             raise self._error(e) from None
         return written
+
+    async def lock(self, name: str, token: str, ttl: float) -> bool:
+        try:
+            return bool(await self._client.set(LOCKS + name, token, nx=True, px=max(1, int(ttl * 1000))))
+        except (RedisError, OSError) as e:
+            raise self._error(e) from None
+
+    async def unlock(self, name: str, token: str) -> None:
+        try:
+            await self._client.eval(UNLOCK, 1, LOCKS + name, token)
+        except (RedisError, OSError) as e:
+            raise self._error(e) from None
 
     async def changes(self) -> AsyncIterator[str]:
         """Yield on every published change, and once after each (re)subscription; retry while Redis is down."""

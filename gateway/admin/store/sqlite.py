@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TypeVar
@@ -17,8 +18,8 @@ T = TypeVar("T")
 
 
 class SqliteStore:
-    """Two tables, `servers(name PRIMARY KEY, options JSON)` and `records(kind, key, value JSON)`; every query
-    in a worker thread."""
+    """Three tables, `servers(name PRIMARY KEY, options JSON)`, `records(kind, key, value JSON)` and
+    `locks(name PRIMARY KEY, token, expires)`; every query in a worker thread."""
 
     kind = "sqlite"
 
@@ -52,6 +53,9 @@ class SqliteStore:
             c.execute(
                 "CREATE TABLE IF NOT EXISTS records (kind TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL,"
                 " PRIMARY KEY (kind, key))"
+            )
+            c.execute(
+                "CREATE TABLE IF NOT EXISTS locks (name TEXT PRIMARY KEY, token TEXT NOT NULL, expires REAL NOT NULL)"
             )
 
         await self._run(create)
@@ -91,6 +95,20 @@ class SqliteStore:
             lambda c: c.execute(f"{verb} INTO records (kind, key, value) VALUES (?, ?, ?)", (kind, key, text)).rowcount
         )
         return bool(count)
+
+    async def lock(self, name: str, token: str, ttl: float) -> bool:
+        def take(c: sqlite3.Connection) -> bool:
+            now = time.time()  # the wall clock: other processes on the node share the file
+            c.execute("DELETE FROM locks WHERE name = ? AND expires <= ?", (name, now))
+            added = c.execute(
+                "INSERT OR IGNORE INTO locks (name, token, expires) VALUES (?, ?, ?)", (name, token, now + ttl)
+            )
+            return bool(added.rowcount)
+
+        return await self._run(take)
+
+    async def unlock(self, name: str, token: str) -> None:
+        await self._run(lambda c: c.execute("DELETE FROM locks WHERE name = ? AND token = ?", (name, token)))
 
     async def changes(self) -> AsyncIterator[str]:
         await anyio.sleep_forever()
