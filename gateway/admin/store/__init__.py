@@ -108,3 +108,22 @@ async def held(store: Store, name: str, ttl: float, wait: float) -> AsyncIterato
     finally:
         with anyio.CancelScope(shield=True), suppress(StoreError):  # else it expires after `ttl`
             await store.unlock(name, token)
+
+
+def open_store(url: str | None) -> Store:
+    """The store for a `store:` setting: None (memory), `sqlite:///path` or `redis://host:port/db`."""
+    from gateway.admin.store.memory import MemoryStore
+
+    if not url:
+        return MemoryStore()
+    if url.startswith("sqlite:///"):
+        from gateway.admin.store.sqlite import SqliteStore
+
+        return SqliteStore(url.removeprefix("sqlite:///"))
+    if url.startswith(("redis://", "rediss://", "unix://")):
+        from gateway.admin.store.redis import RedisStore
+
+        return RedisStore(url)
+    raise StoreError(
+        f"unknown store URL scheme in {url.split('://')[0]!r} (use sqlite:///path or redis://host:port/db)"
+    )
