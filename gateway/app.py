@@ -31,7 +31,15 @@ log = get_logger("app")
 def build_app(settings: Settings, config: FileConfig, environ: Mapping[str, str] | None = None) -> Starlette:
     """The whole gateway as one ASGI app; upstreams start with its lifespan."""
     store = open_store(settings.store.get_secret_value() if settings.store else None)
-    registry = Registry(config.servers, environ, credentials=settings.credentials, fast=settings.fast_path, store=store)
+    oauth_key = settings.oauth_key.get_secret_value() if settings.oauth_key else None
+    registry = Registry(
+        config.servers,
+        environ,
+        credentials=settings.credentials,
+        fast=settings.fast_path,
+        store=store,
+        oauth_key=oauth_key,
+    )
     registry.conversations.max_total = settings.max_conversation_instances
     confirm_key = settings.confirm_key.get_secret_value().encode() if settings.confirm_key else None
     oauth = settings.auth.oauth

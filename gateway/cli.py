@@ -141,14 +141,23 @@ def _check(settings: Settings, config: FileConfig) -> int:
     return 0
 
 
+def _registry(settings: Settings, config: FileConfig) -> Any:
+    """A registry of the config's servers, getting OAuth tokens as the gateway would (through its store)."""
+    from gateway.admin.store import open_store
+    from gateway.registry import Registry
+
+    store = open_store(settings.store.get_secret_value() if settings.store else None)
+    key = settings.oauth_key.get_secret_value() if settings.oauth_key else None
+    return Registry(config.servers, credentials=settings.credentials, store=store, oauth_key=key)
+
+
 async def _check_offers(settings: Settings, config: FileConfig) -> int:
     """Connect to every server and report each override that names no tool the server offers (a typo)."""
     from gateway.logs import configure
-    from gateway.registry import Registry
     from gateway.upstream.errors import State
 
     configure("error", "console")
-    registry = Registry(config.servers, credentials=settings.credentials)
+    registry = _registry(settings, config)
     problems: list[str] = []
     async with registry.running():
         await registry.wait_settled(max((s.startup_timeout for s in config.servers), default=0) + 2)
@@ -173,11 +182,10 @@ async def _check_offers(settings: Settings, config: FileConfig) -> int:
 
 async def _tools(settings: Settings, config: FileConfig, as_json: bool) -> int:
     from gateway.logs import configure
-    from gateway.registry import Registry
     from gateway.upstream.errors import State
 
     configure("warning", "console")
-    registry = Registry(config.servers, credentials=settings.credentials)
+    registry = _registry(settings, config)
     async with registry.running():
         await registry.wait_settled(max((s.startup_timeout for s in config.servers), default=0) + 2)
         rows: list[dict[str, Any]] = [

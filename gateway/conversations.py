@@ -33,6 +33,7 @@ from gateway.metrics import Metrics
 from gateway.naming import sanitise
 from gateway.upstream.connection import Upstream
 from gateway.upstream.errors import CallFailed, State
+from gateway.upstream.tokens import Tokens
 
 log = get_logger("conversations")
 CONVERSATION_META = "manifold/conversation"
@@ -85,8 +86,10 @@ class Conversations:
         credentials: Mapping[str, Any],
         *,
         fast: bool = True,
+        tokens: Tokens | None = None,
     ) -> None:
         self._metrics = metrics
+        self._tokens = tokens
         self._environ = environ
         self._credentials = credentials
         self._fast = fast
@@ -202,6 +205,7 @@ class Conversations:
                 egress=shared.egress,
                 source=shared.source,
                 fast=self._fast,
+                tokens=self._tokens,
             )
             scope = anyio.CancelScope()
             instance = self._instances[key] = Instance(upstream, scope)

@@ -113,6 +113,20 @@ class Metrics:
             ["outcome"],
             registry=r,
         )
+        self.upstream_token_requests = Counter(
+            "manifold_upstream_token_requests",
+            "Requests to a token endpoint for upstream access tokens, by credential, grant and outcome (ok, refused, "
+            "error)",
+            ["credential", "grant", "outcome"],
+            registry=r,
+        )
+        self.upstream_token_refusals = Counter(
+            "manifold_upstream_token_refusals",
+            "Upstream requests answered 401 (the access token was refused; it is renewed and the request sent once "
+            "more)",
+            ["credential"],
+            registry=r,
+        )
         self.build_info = Gauge("manifold_build_info", "Always 1; the version is a label", ["version"], registry=r)
         self.build_info.labels(__version__).set(1)
         self._children: dict[tuple[str, ...], Any] = {}  # labelled series, looked up once each
@@ -223,6 +237,14 @@ class Metrics:
     def count_key_fetch(self, outcome: str) -> None:
         """Count one fetch of the authorization server's keys, by outcome."""
         self._child(self.oauth_key_fetches, "keys", outcome).inc()
+
+    def count_token_request(self, credential: str, grant: str, outcome: str) -> None:
+        """Count one request to a token endpoint for an upstream access token, by outcome."""
+        self._child(self.upstream_token_requests, "token", credential, grant, outcome).inc()
+
+    def count_token_refusal(self, credential: str) -> None:
+        """Count one upstream request answered 401."""
+        self._child(self.upstream_token_refusals, "refusal", credential).inc()
 
     def _child(self, metric: Any, kind: str, *labels: str) -> Any:
         key = (kind, *labels)

@@ -20,6 +20,7 @@ from gateway.metrics import Metrics
 from gateway.pins import Pins
 from gateway.upstream.connection import Upstream
 from gateway.upstream.errors import State, describe
+from gateway.upstream.tokens import Tokens
 
 log = get_logger("registry")
 Listener = Callable[[], Awaitable[None]]
@@ -45,12 +46,15 @@ class Registry:
         *,
         fast: bool = True,
         store: Store | None = None,
+        oauth_key: str | None = None,
     ) -> None:
-        self.pins = Pins(store or MemoryStore(), self._pin_mode)
+        store = store or MemoryStore()
+        self.pins = Pins(store, self._pin_mode)
         self.catalog = Catalog(holds=self.pins.holds)
         self._fast = fast
         self.metrics = Metrics()
-        self.conversations = Conversations(self.metrics, environ, credentials or {}, fast=fast)
+        self.tokens = Tokens(store, oauth_key, self.metrics)
+        self.conversations = Conversations(self.metrics, environ, credentials or {}, fast=fast, tokens=self.tokens)
         self.upstreams: dict[str, Upstream] = {}
         self._environ = environ
         self._credentials = credentials or {}
@@ -80,6 +84,7 @@ class Registry:
             egress=egress,
             source=source,
             fast=self._fast,
+            tokens=self.tokens,
         )
         upstream.on_resource_updated = self._resource_updated
         self._ranks.setdefault(spec.name, len(self._ranks))

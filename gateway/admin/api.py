@@ -52,7 +52,9 @@ def describe_server(upstream: Upstream, registry: Registry, *, with_tools: bool 
     if spec.url is not None and upstream.source == "runtime":
         body["url"] = spec.url
     if spec.credential is not None:
-        body["credential"] = spec.credential
+        body["credential"] = spec.credential  # its name and kind only
+        if (kind := upstream.credential_kind) is not None:
+            body["credential_kind"] = kind
     if with_tools:
         body["tool_list"] = [
             {"name": e.public, "tool": e.original, "labels": e.labels.names()}

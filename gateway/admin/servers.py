@@ -228,6 +228,8 @@ class Runtime:
             if reason.startswith("error: "):
                 self._degraded(reason.removeprefix("error: "))
                 continue
+            if reason.startswith("oauth "):
+                continue  # a credential's tokens, renewed by a replica: read from the store when needed
             if not reason.startswith("pins "):
                 await self._reconcile_or_log()
             if reason.startswith("pins ") or reason == "subscribed":

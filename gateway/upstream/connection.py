@@ -43,6 +43,7 @@ from gateway.upstream.http11 import HttpWire, uses_proxy
 from gateway.upstream.invoke import Channel, Invoker
 from gateway.upstream.offers import NONE, Offers, list_offers
 from gateway.upstream.stdio import DirectChannel, stdio_transport
+from gateway.upstream.tokens import BearerAuth, Tokens, TokenSource
 
 Json = dict[str, Any]
 CLIENT_INFO = types.Implementation(name="manifold", version=__version__)
@@ -119,8 +120,10 @@ class Upstream:
         egress: EgressPolicy | None = None,
         source: str = "config",
         fast: bool = True,
+        tokens: Tokens | None = None,
     ) -> None:
         self.spec = spec
+        self._tokens = tokens
         self._fast = fast
         self._direct: DirectChannel | None = None
         self._wire: HttpWire | None = None
@@ -243,12 +246,28 @@ class Upstream:
         assert r.url is not None
         # Each connection re-checks a runtime server's URL: DNS answers can change.
         checked = await check_url(r.url, self._egress) if self._egress is not None else None
+        bearer = None
+        if r.oauth is not None:
+            if self._tokens is None:
+                self._tokens = Tokens()
+            bearer = self._tokens.source(r.oauth)
+            await (
+                bearer.token()
+            )  # obtained at connect: a credential that cannot get one is the reason the server is down
         if kind == "sse":
-            return sse_client(r.url, headers=r.headers, timeout=30, sse_read_timeout=max(300, self.spec.timeout))
-        return self._streamable_http(r.url, r.headers, checked)
+            return sse_client(
+                r.url,
+                headers=r.headers,
+                timeout=30,
+                sse_read_timeout=max(300, self.spec.timeout),
+                auth=BearerAuth(bearer) if bearer is not None else None,
+            )
+        return self._streamable_http(r.url, r.headers, checked, bearer)
 
     @asynccontextmanager
-    async def _streamable_http(self, url: str, headers: dict[str, str], checked: Checked | None) -> AsyncIterator[Any]:
+    async def _streamable_http(
+        self, url: str, headers: dict[str, str], checked: Checked | None, bearer: TokenSource | None
+    ) -> AsyncIterator[Any]:
         timeout = httpx2.Timeout(30, read=max(300.0, self.spec.timeout + 5))
         transport = pinned_transport(checked) if checked is not None else None
         session_id: list[str | None] = [None]
@@ -263,7 +282,7 @@ class Upstream:
         wire = None
         if self._fast and not uses_proxy(url):
             address = checked.address if checked is not None else None
-            wire = HttpWire(url, headers, lambda: session_id[0], address=address, forwarded=FORWARDED.get)
+            wire = HttpWire(url, headers, lambda: session_id[0], address=address, forwarded=FORWARDED.get, auth=bearer)
         self._wire = wire
         try:
             async with (
@@ -273,6 +292,7 @@ class Upstream:
                     follow_redirects=checked is None,
                     transport=transport,
                     event_hooks=hooks,
+                    auth=BearerAuth(bearer) if bearer is not None else None,
                 ) as http,
                 streamable_http_client(url, http_client=http) as streams,
             ):
@@ -281,6 +301,13 @@ class Upstream:
             self._wire = None
             if wire is not None:
                 wire.close()
+
+    @property
+    def credential_kind(self) -> str | None:
+        """What kind of credential the server uses (`static`, `oauth:client_credentials`, ...), never its values."""
+        credential = self._credentials.get(self.spec.credential) if self.spec.credential is not None else None
+        kind = getattr(credential, "kind", None)
+        return kind if isinstance(kind, str) else None
 
     @property
     def tools(self) -> tuple[Json, ...]:

@@ -63,6 +63,14 @@ class HttpStatus(ChannelError):
         self.status = status
 
 
+class Unauthorized(ChannelError):
+    """The server answered HTTP 401: it refused the request's credentials, so the request did not run."""
+
+
+class NoToken(ChannelError):
+    """No access token could be had for the server (the message says why, never a secret); nothing was sent."""
+
+
 class BadAnswer(ChannelError):
     """The server answered with something that is not a JSON-RPC answer; `code` is the error to pass on."""
 

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Mapping
 from contextlib import suppress
 from functools import cache
-from typing import Any, cast
+from typing import Any, Protocol, cast
 from urllib.parse import urlsplit
 from urllib.request import getproxies, proxy_bypass
 
@@ -25,13 +25,33 @@ from mcp.shared.dispatcher import ProgressFnT
 
 from gateway import __version__
 from gateway.jsonrpc import INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR, decode, encode, report_progress
-from gateway.upstream.errors import AnswerLost, BadAnswer, ChannelError, HttpStatus, NotSent, SessionExpired
+from gateway.upstream.errors import (
+    AnswerLost,
+    BadAnswer,
+    ChannelError,
+    HttpStatus,
+    NotSent,
+    SessionExpired,
+    Unauthorized,
+)
 
 Json = dict[str, Any]
 MAX_IDLE = 64
 MAX_IDLE_SECONDS = 2.0
 MAX_ANSWER = 64 * 1024 * 1024
 NOTIFY_TIMEOUT = 5.0
+
+
+class Bearer(Protocol):
+    """Where a server's access tokens come from (`gateway.upstream.tokens.TokenSource`)."""
+
+    async def token(self) -> str:
+        """A good access token."""
+        ...
+
+    async def refused(self, value: str) -> str:
+        """The server refused `value`: the token to try once more."""
+        ...
 
 
 def uses_proxy(url: str) -> bool:
@@ -201,6 +221,7 @@ class HttpWire:
         address: str | None = None,
         forwarded: Callable[[], Mapping[str, str] | None] = lambda: None,
         connect_timeout: float = 30.0,
+        auth: Bearer | None = None,
     ) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -225,6 +246,7 @@ class HttpWire:
         self._session_id = session_id
         self._forwarded = forwarded
         self._connect_timeout = connect_timeout
+        self._auth = auth
         self._idle: list[tuple[float, _Connection]] = []
         self._busy: set[_Connection] = set()
         self._refusals: set[asyncio.Task[None]] = set()
@@ -270,7 +292,7 @@ class HttpWire:
         self._busy.add(conn)
         return conn
 
-    def _head(self, body: bytes, extra: Mapping[str, str]) -> bytes:
+    def _head(self, body: bytes, extra: Mapping[str, str], token: str | None = None) -> bytes:
         headers = dict(self._fixed)
         session_id = self._session_id()
         if session_id:
@@ -279,21 +301,43 @@ class HttpWire:
             headers[name.lower()] = value
         for name, value in (self._forwarded() or {}).items():
             headers[name.lower()] = value
+        if token is not None:
+            headers["authorization"] = f"Bearer {token}"
         headers["content-length"] = str(len(body))
         lines = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
         return self._line + lines.encode("latin-1") + b"\r\n" + body
 
     async def request(self, message: Json, headers: Mapping[str, str], progress: ProgressFnT | None) -> Json:
-        """POST one request and return the JSON-RPC response to it.
+        """POST one request and return the JSON-RPC response to it. With an access token, a 401 answer renews the
+        token and sends the request once more (the server refused it, so it did not run).
 
-        Raises `NotSent`, `AnswerLost`, `SessionExpired`, `HttpStatus` or `BadAnswer`.
+        Raises `NotSent`, `AnswerLost`, `SessionExpired`, `Unauthorized`, `NoToken`, `HttpStatus` or `BadAnswer`.
         """
-        data = self._head(encode(message), headers)
+        body = encode(message)
+        if self._auth is None:
+            return await self._send(body, message.get("id"), headers, progress, None)
+        token = await self._auth.token()
+        try:
+            return await self._send(body, message.get("id"), headers, progress, token)
+        except Unauthorized:
+            token = await self._auth.refused(token)
+        try:
+            return await self._send(body, message.get("id"), headers, progress, token)
+        except Unauthorized:
+            raise Unauthorized("HTTP 401, also with a renewed access token") from None
+
+    async def _send(
+        self, body: bytes, request_id: Any, headers: Mapping[str, str], progress: ProgressFnT | None, token: str | None
+    ) -> Json:
+        data = self._head(body, headers, token)
         conn = await self._open()
         try:
             exchange = conn.send(data)
             await exchange.head
-            reply = await self._answer(exchange, message.get("id"), progress, headers)
+            reply = await self._answer(exchange, request_id, progress, headers)
+        except Unauthorized:
+            self._release(conn)  # a whole answer: the connection stays usable
+            raise
         except BaseException:
             self._busy.discard(conn)
             conn.close()  # on the 2026 wire, dropping the POST is the cancellation
@@ -312,6 +356,9 @@ class HttpWire:
         if 300 <= status < 400:
             await exchange.read()
             raise BadAnswer(INVALID_REQUEST, f"the server redirected the call (HTTP {status}); not followed")
+        if status == 401:
+            await exchange.read()
+            raise Unauthorized("HTTP 401: the server refused the credentials")
         if status >= 400:
             raw = await exchange.read()
             if content_type.startswith(b"application/json"):
@@ -378,8 +425,9 @@ class HttpWire:
         conn: _Connection | None = None
         try:
             async with asyncio.timeout(NOTIFY_TIMEOUT):
+                token = await self._auth.token() if self._auth is not None else None
                 conn = await self._open()
-                exchange = conn.send(self._head(encode(message), headers))
+                exchange = conn.send(self._head(encode(message), headers, token))
                 await exchange.head
                 await exchange.read()
         except (ChannelError, OSError, TimeoutError, RuntimeError):

@@ -28,9 +28,11 @@ from gateway.upstream.errors import (
     CallFailed,
     ChannelError,
     HttpStatus,
+    NoToken,
     NotSent,
     SessionExpired,
     State,
+    Unauthorized,
     unavailable,
 )
 
@@ -261,6 +263,16 @@ class Invoker:
             up.reconnect()
             return CallFailed(
                 f"server '{up.name}' ended the session", outcome="unavailable", transient=True, repeatable=True
+            )
+        if isinstance(failure, Unauthorized):
+            return CallFailed(
+                f"server '{up.name}' refused the gateway's credentials ({failure})",
+                outcome="unavailable",
+                transient=False,
+            )
+        if isinstance(failure, NoToken):
+            return CallFailed(
+                f"server '{up.name}' is unavailable: no access token: {failure}", outcome="unavailable", transient=False
             )
         if isinstance(failure, HttpStatus):
             if up.protocol_version not in MODERN_PROTOCOL_VERSIONS:
