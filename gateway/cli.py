@@ -62,6 +62,14 @@ def _parser() -> argparse.ArgumentParser:
     remove = actions.add_parser("remove", help="remove a runtime server")
     remove.add_argument("name")
 
+    auth = commands.add_parser("auth", help="OAuth sign-in for servers whose credential uses a refresh token")
+    auth_actions = auth.add_subparsers(dest="action", required=True)
+    auth_login = with_config(
+        auth_actions.add_parser("login", help="sign in through a browser and store the refresh token (code + PKCE)")
+    )
+    auth_login.add_argument("server", help="a server whose credential has `oauth: {grant: refresh_token, ...}`")
+    auth_login.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the browser (300)")
+
     pins = with_url(commands.add_parser("pins", help="review and approve tool definitions through the admin API"))
     pin_actions = pins.add_subparsers(dest="action", required=True)
     pin_list = pin_actions.add_parser("list", help="every pinned or offered tool and how it stands")
@@ -82,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         return _servers(args)
     if args.command == "pins":
         return _pins(args)
+    if args.command == "auth":
+        return _auth(args)
     cli = {k: v for k, v in vars(args).items() if k not in ("command", "json", "connect")}
     try:
         settings, config = load(cli)
@@ -95,6 +105,25 @@ def main(argv: list[str] | None = None) -> int:
         status = _check(settings, config)
         return anyio.run(_check_offers, settings, config) if status == 0 and args.connect else status
     return anyio.run(_tools, settings, config, args.json)
+
+
+def _auth(args: argparse.Namespace) -> int:
+    from gateway.upstream.login import LoginFailed, login
+
+    try:
+        settings, config = load({"config": args.config})
+    except ConfigError as e:
+        for problem in e.problems:
+            print(f"error: {problem}", file=sys.stderr)
+        return 1
+    try:
+        anyio.run(lambda: login(settings, config, args.server, timeout=args.timeout))
+    except LoginFailed as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
 
 
 def _serve(settings: Settings, config: FileConfig) -> int:

@@ -148,7 +148,7 @@ class Tokens:
         token_url = await self.endpoint(params, "token_endpoint")
         body = dict(form)
         headers = {"Accept": "application/json"}
-        if params.scopes and "scope" not in body:
+        if params.scopes and grant != "authorization_code":
             body["scope"] = " ".join(params.scopes)
         if params.resource is not None:
             body["resource"] = params.resource
