@@ -162,6 +162,17 @@ def _check(settings: Settings, config: FileConfig) -> int:
     enabled = [s for s in config.servers if not s.disabled]
     disabled = len(config.servers) - len(enabled)
     print(f"{settings.config}: ok ({len(enabled)} servers enabled, {disabled} disabled)")
+    for name in used:
+        if (client := settings.credentials[name].oauth) is None:
+            continue
+        where = f"tokens from {client.token_url or f'the token endpoint of {client.issuer}'}"
+        if settings.oauth_key is None:
+            kept = "access tokens kept in this process only (set oauth_key to share them through the store)"
+        elif settings.store is None:
+            kept = "access tokens kept in this process only (no `store` to share them through)"
+        else:
+            kept = "tokens kept sealed in the store"
+        print(f"upstream oauth: credential {name!r} ({client.grant}): {where}; {kept}")
     if (oauth := settings.auth.oauth) is not None:
         keys = oauth.jwks_url or "from the issuer's metadata"
         audience = ", ".join(dict.fromkeys([settings.resource_url, *oauth.audience]))

@@ -31,6 +31,15 @@ def _url(value: str | None, what: str) -> str | None:
     return value
 
 
+def tls_problem(url: str) -> str | None:
+    """Why a client secret or grant may not travel to `url`: plain http off loopback."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.scheme == "http" and host not in LOOPBACK and not host.startswith("127."):
+        return f"must use https (http only on a loopback address), got {url!r}"
+    return None
+
+
 class OAuthSpec(BaseModel):
     """How the gateway gets access tokens for the servers using the credential (RFC 6749, RFC 8707).
 
@@ -55,7 +64,10 @@ class OAuthSpec(BaseModel):
     @field_validator("issuer", "token_url", "authorization_url")
     @classmethod
     def _urls(cls, value: str | None) -> str | None:
-        return _url(value, "the URL")
+        _url(value, "the URL")
+        if value is not None and "${" not in value and (why := tls_problem(value)) is not None:
+            raise ValueError(why)
+        return value
 
     @field_validator("resource")
     @classmethod
@@ -178,6 +190,10 @@ def fill_oauth(
         field: fill(field, getattr(spec, field))
         for field in ("client_id", "client_secret", "issuer", "token_url", "authorization_url", "redirect_uri")
     }
+    for field in ("issuer", "token_url", "authorization_url"):
+        value = filled[field]
+        if value is not None and (why := tls_problem(value)) is not None:
+            problems.append(f"credentials.{name}.oauth.{field}: {why}")
     resource = fill("resource", spec.resource) if isinstance(spec.resource, str) else None
     if spec.resource is None:
         resource = server_url

@@ -85,8 +85,16 @@ class Grant:
 class Tokens:
     """Every token source of the process, the locks of each credential, and where tokens are kept."""
 
-    def __init__(self, store: Store | None = None, key: str | None = None, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self,
+        store: Store | None = None,
+        key: str | None = None,
+        metrics: Metrics | None = None,
+        *,
+        transport: httpx2.AsyncBaseTransport | None = None,
+    ) -> None:
         self.store: Store = store or MemoryStore()
+        self.transport = transport  # how token endpoints are reached (tests put a fake one here)
         self.sealer = Sealer(key) if key else None
         self.metrics = metrics
         self._sources: dict[OAuthParams, TokenSource] = {}
@@ -136,7 +144,7 @@ class Tokens:
         assert params.issuer is not None  # the config asks for an issuer where an endpoint is not given
         metadata = self._metadata.get(params.issuer)
         if metadata is None:
-            metadata = self._metadata[params.issuer] = await discover(params.issuer)
+            metadata = self._metadata[params.issuer] = await discover(params.issuer, self.transport)
         url = metadata.get(which)
         if not isinstance(url, str) or not url.startswith(("https://", "http://")):
             raise NoToken(f"the metadata of {params.issuer} names no {which}")
@@ -163,7 +171,7 @@ class Tokens:
                 body["client_secret"] = params.client_secret
         outcome = "error"
         try:
-            async with httpx2.AsyncClient(timeout=TIMEOUT, follow_redirects=False) as http:
+            async with httpx2.AsyncClient(timeout=TIMEOUT, follow_redirects=False, transport=self.transport) as http:
                 response = await http.post(token_url, data=body, headers=headers)
             answer = _json(response)
             if response.status_code == 200:
@@ -333,7 +341,7 @@ class BearerAuth(httpx2.Auth):
             yield request
 
 
-async def discover(issuer: str) -> Json:
+async def discover(issuer: str, transport: httpx2.AsyncBaseTransport | None = None) -> Json:
     """The issuer's authorization server metadata (RFC 8414), else its OpenID configuration; it must name the issuer.
     Raises `NoToken`."""
     parts = urlsplit(issuer)
@@ -343,7 +351,7 @@ async def discover(issuer: str) -> Json:
         f"{issuer.rstrip('/')}/.well-known/openid-configuration",
     ]
     problems = []
-    async with httpx2.AsyncClient(timeout=TIMEOUT, follow_redirects=False) as http:
+    async with httpx2.AsyncClient(timeout=TIMEOUT, follow_redirects=False, transport=transport) as http:
         for url in places:
             try:
                 response = await http.get(url, headers={"Accept": "application/json"})

@@ -177,3 +177,42 @@ def test_check_knows_the_curation_keys_and_connect_finds_override_typos(tmp_path
     assert connected.returncode == 1
     assert "servers.fx.tools.ecko: the server offers no tool named 'ecko'" in connected.stderr
     assert "tools.echo" not in connected.stderr
+
+
+def test_check_names_each_problem_of_upstream_oauth_credentials(tmp_path: Path) -> None:
+    cc = {"grant": "client_credentials", "issuer": "https://id.example.com", "client_id": "svc"}
+    config: dict[str, Any] = {
+        "credentials": {"cc": {"oauth": {**cc, "client_secret": "${MANIFOLD_TEST_UNSET_SECRET}"}}},
+        "servers": {
+            "lin": {"url": "https://mcp.example.com/mcp", "credential": "cc", "forward_headers": ["Authorization"]},
+            "local": {"command": "x", "credential": "cc"},
+        },
+    }
+    result = manifold("check", "--config", str(write_config(tmp_path, config)))
+    assert result.returncode == 1
+    for fragment in (
+        "servers.lin.credential: 'cc' sets the Authorization header; remove it from `forward_headers`",
+        "servers.local.credential: 'cc' is an OAuth credential; it applies to HTTP servers only",
+        "credentials.cc.oauth.client_secret: environment variable MANIFOLD_TEST_UNSET_SECRET is not set",
+    ):
+        assert f"error: {fragment}" in result.stderr, f"{fragment!r} not in:\n{result.stderr}"
+
+    person = {"grant": "refresh_token", "issuer": "https://id.example.com", "client_id": "app", "scopes": ["read"]}
+    config = {
+        "credentials": {"cc": {"oauth": {**cc, "client_secret": "${MANIFOLD_TEST_SECRET}"}}, "me": {"oauth": person}},
+        "servers": {"lin": {"url": "https://mcp.example.com/mcp", "credential": "cc"}},
+    }
+    result = manifold("check", "--config", str(write_config(tmp_path, config)))
+    assert result.returncode == 1
+    assert "error: credentials.me.oauth.grant: refresh_token needs `oauth_key` (or MANIFOLD_OAUTH_KEY)" in result.stderr
+    env = {"MANIFOLD_TEST_SECRET": "s3cr3t-value", "MANIFOLD_OAUTH_KEY": "k" * 32, "MANIFOLD_STORE": "sqlite:///x.db"}
+    result = manifold("check", "--config", str(write_config(tmp_path, config)), env=env)
+    assert result.returncode == 0, result.stderr
+    assert (
+        "upstream oauth: credential 'cc' (client_credentials): tokens from the token endpoint of "
+        "https://id.example.com; tokens kept sealed in the store" in result.stdout
+    )
+    assert "s3cr3t-value" not in result.stdout + result.stderr
+    del config["credentials"]["me"]
+    result = manifold("check", "--config", str(write_config(tmp_path, config)), env={"MANIFOLD_TEST_SECRET": "s"})
+    assert "access tokens kept in this process only (set oauth_key to share them through the store)" in result.stdout

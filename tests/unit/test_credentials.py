@@ -52,6 +52,7 @@ def test_shapes_that_parse():
         ({**CC, "grant": "password"}, "credentials.x.oauth.grant: Input should be 'client_credentials' or"),
         ({**CC, "scopes": ["a b"]}, "credentials.x.oauth.scopes: 'a b' is not a scope"),
         ({**CC, "token_url": "ftp://as"}, "credentials.x.oauth.token_url: the URL must start with http"),
+        ({**CC, "token_url": "http://as.example/t"}, "credentials.x.oauth.token_url: must use https (http only on"),
         ({**CC, "resource": "https://r#frag"}, "credentials.x.oauth.resource: resource must not have a fragment"),
         ({**CC, "redirect_uri": "https://example.com/cb"}, "credentials.x.oauth.redirect_uri: redirect_uri must be"),
         ({**CC, "secret": "s"}, "credentials.x.oauth.secret: unknown key"),
@@ -133,6 +134,13 @@ def test_resolve_fills_the_client_and_defaults_the_resource_to_the_server_url():
     explicit = {"x": Credential.model_validate({"oauth": {**CC, "resource": False}})}
     resolved = resolve(spec, {"HOST": "up.example", "CID": "id", "CSECRET": "s"}, explicit)
     assert resolved.oauth is not None and resolved.oauth.resource is None
+
+    plain = {"x": Credential.model_validate({"oauth": {**CC, "token_url": "${AS}/token"}})}
+    with pytest.raises(ConfigError) as info:
+        resolve(spec, {"HOST": "up.example", "CID": "id", "CSECRET": "s", "AS": "http://as.example"}, plain)
+    assert info.value.problems == [
+        "credentials.x.oauth.token_url: must use https (http only on a loopback address), got 'http://as.example/token'"
+    ]
 
     with pytest.raises(ConfigError) as info:
         resolve(spec, {"HOST": "up.example"}, credentials)
