@@ -6,6 +6,8 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, suppress
 from typing import Any
 from urllib.parse import quote
 
@@ -181,14 +183,25 @@ def _check(settings: Settings, config: FileConfig) -> int:
     return 0
 
 
-def _registry(settings: Settings, config: FileConfig) -> Any:
-    """A registry of the config's servers, getting OAuth tokens as the gateway would (through its store)."""
-    from gateway.admin.store import open_store
+@asynccontextmanager
+async def _running(settings: Settings, config: FileConfig) -> AsyncIterator[Any]:
+    """The config's servers, connected; OAuth tokens come (and go) through the gateway's store as the gateway's
+    would, while pins stay in this process (a look at the catalog approves nothing)."""
+    from gateway.admin.store import StoreError, open_store
     from gateway.registry import Registry
+    from gateway.upstream.tokens import Tokens
 
     store = open_store(settings.store.get_secret_value() if settings.store else None)
     key = settings.oauth_key.get_secret_value() if settings.oauth_key else None
-    return Registry(config.servers, credentials=settings.credentials, store=store, oauth_key=key)
+    registry = Registry(config.servers, credentials=settings.credentials, tokens=Tokens(store, key))
+    try:
+        with suppress(StoreError):  # then servers whose tokens live there are down, saying so
+            await store.start()
+        async with registry.running():
+            await registry.wait_settled(max((s.startup_timeout for s in config.servers), default=0) + 2)
+            yield registry
+    finally:
+        await store.close()
 
 
 async def _check_offers(settings: Settings, config: FileConfig) -> int:
@@ -197,10 +210,8 @@ async def _check_offers(settings: Settings, config: FileConfig) -> int:
     from gateway.upstream.errors import State
 
     configure("error", "console")
-    registry = _registry(settings, config)
     problems: list[str] = []
-    async with registry.running():
-        await registry.wait_settled(max((s.startup_timeout for s in config.servers), default=0) + 2)
+    async with _running(settings, config) as registry:
         for upstream in registry.upstreams.values():
             if upstream.state is State.DISABLED:
                 continue
@@ -225,9 +236,7 @@ async def _tools(settings: Settings, config: FileConfig, as_json: bool) -> int:
     from gateway.upstream.errors import State
 
     configure("warning", "console")
-    registry = _registry(settings, config)
-    async with registry.running():
-        await registry.wait_settled(max((s.startup_timeout for s in config.servers), default=0) + 2)
+    async with _running(settings, config) as registry:
         rows: list[dict[str, Any]] = [
             {
                 "name": e.public,

@@ -47,13 +47,14 @@ class Registry:
         fast: bool = True,
         store: Store | None = None,
         oauth_key: str | None = None,
+        tokens: Tokens | None = None,
     ) -> None:
         store = store or MemoryStore()
         self.pins = Pins(store, self._pin_mode)
         self.catalog = Catalog(holds=self.pins.holds)
         self._fast = fast
         self.metrics = Metrics()
-        self.tokens = Tokens(store, oauth_key, self.metrics)
+        self.tokens = tokens or Tokens(store, oauth_key, self.metrics)
         self.conversations = Conversations(self.metrics, environ, credentials or {}, fast=fast, tokens=self.tokens)
         self.upstreams: dict[str, Upstream] = {}
         self._environ = environ

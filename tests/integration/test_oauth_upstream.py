@@ -8,6 +8,7 @@ its own protected upstream and gateway, so counts start at zero; the provider's 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -40,7 +41,7 @@ CLIENTS = [
         "app", grants=("authorization_code", "refresh_token"), redirect_uris=("http://127.0.0.1/callback",), public=True
     ),
 ]
-PORTS = [free_port() for _ in range(8)]  # the protected upstreams' ports, known to the provider as resources
+PORTS = [free_port() for _ in range(12)]  # the protected upstreams' ports, known to the provider as resources
 
 
 @pytest.fixture(scope="module")
@@ -349,3 +350,19 @@ async def test_two_replicas_sharing_redis_refresh_once(
             assert len(answers) == 20
             assert auth.grants("refresh_token") == refreshes + round, "one refresh for both replicas"
             assert auth.grants("refresh_token", "error") == 0, "the rotated refresh token was never used twice"
+
+
+def test_the_cli_connects_with_the_credential_too(auth: AuthServer, protected: Protected, tmp_path: Path) -> None:
+    path = write_config(tmp_path, gateway_config(protected, cc(auth)))
+    result = subprocess.run(
+        [sys.executable, "-m", "gateway", "tools", "--config", str(path), "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **env_for(auth)},
+    )
+    assert result.returncode == 0, result.stderr
+    assert "prot__echo" in {row["name"] for row in json.loads(result.stdout)}
+    for token in protected.tokens():
+        assert token not in result.stdout + result.stderr
