@@ -271,6 +271,7 @@ class Invoker:
                 transient=False,
             )
         if isinstance(failure, NoToken):
+            up.lost()  # a server without a token cannot be used: down (saying why) until a connection gets one
             return CallFailed(
                 f"server '{up.name}' is unavailable: no access token: {failure}", outcome="unavailable", transient=False
             )

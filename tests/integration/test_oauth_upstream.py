@@ -185,7 +185,8 @@ async def test_renewal_is_single_flight_under_concurrent_calls(
             protected.revoke()
             before = auth.grants("client_credentials")
             assert sorted(await burst(), key=int) == [str(i) for i in range(calls)]
-            assert protected.refused("revoked") == calls, "each call was refused once ..."
+            refused = protected.refused("revoked")
+            assert 2 <= refused <= calls, "calls were refused at once (each at most once) ..."
             assert auth.grants("client_credentials") == before + 1, "... and one renewal served them all"
 
             await anyio.sleep(SHORT_TTL + 0.5)  # the token expires: again one renewal for the burst
@@ -295,6 +296,7 @@ async def test_auth_login_then_the_gateway_refreshes_with_the_stored_token(
     env = {"MANIFOLD_OAUTH_KEY": OAUTH_KEY}
     config = gateway_config(protected, app_credential(auth), store=f"sqlite:///{store}")
     codes, refreshes = auth.grants("authorization_code"), auth.grants("refresh_token")
+    errors = auth.grants("refresh_token", "error")
     output = login(tmp_path, config, env)
     assert "Signed in. The refresh token of credential 'upstream' is stored, sealed" in output
     assert auth.grants("authorization_code") == codes + 1
@@ -309,10 +311,42 @@ async def test_auth_login_then_the_gateway_refreshes_with_the_stored_token(
         protected.revoke()
         assert await call(gw, "prot__tick") == "1"
         assert auth.grants("refresh_token") == refreshes + 1
-        assert auth.grants("refresh_token", "error") == 0
+        assert auth.grants("refresh_token", "error") == errors
         rotated = Sealer(OAUTH_KEY).open((await read_records(store))["upstream"], "oauth upstream")["refresh_token"]
         assert rotated != first, "the provider rotated the refresh token and the gateway kept the new one"
-        secrets_absent(gw, [first, rotated, *protected.tokens()])
+
+        # Someone else spends the kept refresh token: the provider rotates it away from the gateway, whose next
+        # refresh presents a spent token; the provider revokes the grant, and the server is down until a new login.
+        spent = httpx2.post(
+            f"{auth.issuer}/token",
+            data={
+                "grant_type": "refresh_token",
+                "refresh_token": rotated,
+                "client_id": "app",
+                "resource": protected.url,
+            },
+        )
+        assert spent.status_code == 200
+        protected.revoke()
+        async with connect(gw.url, "2026-07-28") as client:
+            result = await client.call("prot__tick", {})
+        assert result.is_error
+        assert "invalid_grant" in result.content[0].text and "run `manifold auth login SERVER` again" in (
+            result.content[0].text
+        )
+        deadline = time.monotonic() + 20
+        while "manifold auth login" not in str(
+            (body := httpx2.get(f"{gw.base}/admin/servers/prot", headers={"Authorization": f"Bearer {ADMIN}"}).json())[
+                "error"
+            ]
+        ):
+            assert time.monotonic() < deadline, body
+            time.sleep(0.1)
+        assert body["state"] != "up"
+        login(tmp_path, config, env)
+        wait_up(gw)
+        assert await call(gw, "prot__ticks") == "1", "back after a new login; the refused call never ran"
+        secrets_absent(gw, [first, rotated, spent.json()["refresh_token"], *protected.tokens()])
 
 
 async def test_two_replicas_sharing_redis_refresh_once(
@@ -323,7 +357,7 @@ async def test_two_replicas_sharing_redis_refresh_once(
     login(tmp_path, config, env)
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    refreshes = auth.grants("refresh_token")
+    refreshes, errors = auth.grants("refresh_token"), auth.grants("refresh_token", "error")
     with run_gateway(tmp_path / "a", config, env=env) as a, run_gateway(tmp_path / "b", config, env=env) as b:
         wait_up(a)
         wait_up(b)
@@ -349,7 +383,7 @@ async def test_two_replicas_sharing_redis_refresh_once(
                 tg.start_soon(calls, b)
             assert len(answers) == 20
             assert auth.grants("refresh_token") == refreshes + round, "one refresh for both replicas"
-            assert auth.grants("refresh_token", "error") == 0, "the rotated refresh token was never used twice"
+            assert auth.grants("refresh_token", "error") == errors, "the rotated refresh token was never used twice"
 
 
 def test_the_cli_connects_with_the_credential_too(auth: AuthServer, protected: Protected, tmp_path: Path) -> None:
