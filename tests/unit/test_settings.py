@@ -42,6 +42,7 @@ def test_file_keys():
         "max_sessions",
         "session_idle_timeout",
         "fast_path",
+        "exposure",
     }
     assert frozenset(expected) == FILE_KEYS
 
