@@ -8,8 +8,6 @@ parses the body once, binds 2025-era sessions to the token that opened them, and
 from __future__ import annotations
 
 import gc
-import hashlib
-import hmac
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -20,7 +18,7 @@ import anyio.to_thread
 from mcp.server.transport_security import TransportSecuritySettings
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.access import OPEN_VIEW, EndpointSpec, TokenSpec, View, views_for
+from gateway.access import OPEN_VIEW, EndpointSpec, TokenSpec, TokenTable, View, views_for
 from gateway.bucket import TokenBucket
 from gateway.downstream.sessions import Sessions, asks_capabilities
 from gateway.jsonrpc import decode, encode, error_body
@@ -172,23 +170,12 @@ class AuthGate:
     endpoints: Mapping[str, EndpointSpec] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self._tokens = [(t.digest(), t) for t in self.tokens]
-        self._views = {view.name: view for view in views_for(self.tokens)} if self._tokens else {}
+        tokens = list(self.tokens)
+        self._tokens = TokenTable(tokens)
+        self._views = {view.name: view for view in views_for(tokens)} if tokens else {}
         bases = list(self._views.values()) or [OPEN_VIEW]
         self._at = {(v.name, name): v.at(name, spec) for name, spec in self.endpoints.items() for v in bases}
-        self._buckets = {
-            t.name: TokenBucket(t.rate, t.burst or max(1, int(t.rate * 2))) for _, t in self._tokens if t.rate
-        }
-
-    def _identify(self, header: bytes | None) -> TokenSpec | None:
-        if not header or header[:7].lower() != b"bearer ":
-            return None
-        presented = hashlib.sha256(header[7:].strip()).digest()
-        found = None
-        for digest, token in self._tokens:  # every entry is compared: the time does not tell which matched
-            if hmac.compare_digest(digest, presented):
-                found = token
-        return found
+        self._buckets = {t.name: TokenBucket(t.rate, t.burst or max(1, int(t.rate * 2))) for t in tokens if t.rate}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -197,7 +184,7 @@ class AuthGate:
         headers = dict(scope["headers"])
         view = OPEN_VIEW
         if self._tokens:
-            token = self._identify(headers.get(b"authorization"))
+            token = self._tokens.identify(headers.get(b"authorization"))
             if token is None:
                 await _reject(
                     send,

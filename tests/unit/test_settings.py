@@ -41,6 +41,7 @@ def test_file_keys():
         "max_sessions",
         "session_idle_timeout",
         "fast_path",
+        "workers",
     }
     assert frozenset(expected) == FILE_KEYS
 
