@@ -91,6 +91,8 @@ class SocketEnd:
                     except (WebSocketDisconnect, RuntimeError):
                         return
                     if message["type"] == "websocket.disconnect":
+                        if message.get("code") == TOO_BIG:  # the server refused a frame over its size limit
+                            self.problem = Refusal(TOO_BIG, f"a message over {self._max_bytes} bytes", "too_big")
                         return
                     data = message.get("text")
                     if data is None:
