@@ -229,9 +229,10 @@ def _servers(args: argparse.Namespace) -> int:
         return 1
     if args.action == "list":
         for server in body["servers"]:
+            workers = f"{server['workers']} workers  " if "workers" in server else ""
             print(
                 f"{server['name']:<24} {server['source']:<8} {server['transport']:<6} {server['state']:<10} "
-                f"{server['tools']:>4} tools  {server['error'] or ''}".rstrip()
+                f"{server['tools']:>4} tools  {workers}{server['error'] or ''}".rstrip()
             )
     else:
         print(json.dumps(body, indent=2))

@@ -212,6 +212,9 @@ async def test_a_third_party_server_behind_a_worker_is_called_through_the_gatewa
     assert [w["token"] for w in info["worker_list"]] == ["laptop"]
     listed = {s["name"]: s for s in (await admin(gateway, "/admin/servers"))["servers"]}
     assert listed["time"]["source"] == "worker" and listed["time"]["workers"] == 1
+    env = {**os.environ, "MANIFOLD_ADMIN_TOKEN": ADMIN, "MANIFOLD_URL": gateway.base}
+    cli = await anyio.run_process([*WORKER[:3], "servers", "list"], cwd=ROOT, env=env)
+    assert re.search(r"^time +worker +worker +up +2 tools +1 workers$", cli.stdout.decode(), re.M), cli.stdout
     pins = await admin(gateway, "/admin/pins?server=time")
     assert {p["tool"] for p in pins["pins"] if p["status"] == "pinned"} == {"get_current_time", "convert_time"}
 
