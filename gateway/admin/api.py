@@ -15,6 +15,7 @@ from gateway.admin.pins import pin_handlers
 from gateway.admin.servers import Runtime, RuntimeError_
 from gateway.registry import Registry
 from gateway.upstream.connection import Upstream
+from gateway.upstream.workers import WorkerPool
 
 Handler = Callable[[Request], Awaitable[Response]]
 MAX_BODY = 64 * 1024
@@ -53,6 +54,8 @@ def describe_server(upstream: Upstream, registry: Registry, *, with_tools: bool 
         body["url"] = spec.url
     if spec.credential is not None:
         body["credential"] = spec.credential
+    if isinstance(upstream, WorkerPool) and with_tools:
+        body["worker_list"] = upstream.describe_links()
     if with_tools:
         body["tool_list"] = [
             {"name": e.public, "tool": e.original, "labels": e.labels.names()}
