@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import hmac
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -35,12 +36,18 @@ class TokenSpec(BaseModel):
     burst: int | None = Field(None, ge=1)
     may_add: MayAdd = "none"
     exposure: Exposure | None = None
+    may_offer: list[str] = Field(default_factory=list, description="server names (or globs) it may offer as a worker")
+    trusted_worker: bool = False
 
     @model_validator(mode="after")
     def _one_secret(self) -> TokenSpec:
         if (self.token is None) == (self.sha256 is None):
             raise ValueError("give exactly one of `token` (e.g. ${ENV_VAR}) or `sha256`")
         return self
+
+    def may_offer_name(self, name: str) -> bool:
+        """Whether a worker dialling in with this token may offer server `name`."""
+        return _matches(name, self.may_offer)
 
     def digest(self) -> bytes:
         """The SHA-256 of the secret, as bytes."""
@@ -245,6 +252,27 @@ class AuthConfig(BaseModel):
 
 def _matches(value: str, patterns: Sequence[str]) -> bool:
     return any(value == p or fnmatch.fnmatchcase(value, p) for p in patterns)
+
+
+class TokenTable:
+    """The configured tokens by digest: who a bearer credential belongs to."""
+
+    def __init__(self, tokens: Iterable[TokenSpec]) -> None:
+        self._tokens = [(t.digest(), t) for t in tokens]
+
+    def __bool__(self) -> bool:
+        return bool(self._tokens)
+
+    def identify(self, header: bytes | None) -> TokenSpec | None:
+        """The token an `Authorization: Bearer ...` header value presents, or None."""
+        if not header or header[:7].lower() != b"bearer ":
+            return None
+        presented = hashlib.sha256(header[7:].strip()).digest()
+        found = None
+        for digest, token in self._tokens:  # every entry is compared: the time does not tell which matched
+            if hmac.compare_digest(digest, presented):
+                found = token
+        return found
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 
 import anyio
 from starlette.applications import Starlette
-from starlette.routing import BaseRoute, Mount
+from starlette.routing import BaseRoute, Mount, WebSocketRoute
 from starlette.types import ASGIApp
 
 from gateway.access import views_for
@@ -24,6 +24,7 @@ from gateway.logs import get_logger
 from gateway.probes import probe_routes
 from gateway.registry import Registry
 from gateway.settings import FILE_KEYS, Settings
+from gateway.upstream.dialin import WorkerDoor
 
 log = get_logger("app")
 
@@ -105,7 +106,9 @@ def build_app(settings: Settings, config: FileConfig, environ: Mapping[str, str]
                 tg.cancel_scope.cancel()
                 await store.close()
 
+    door = WorkerDoor(registry, settings.auth.tokens, settings.workers, settings.max_body_bytes)
     routes: list[BaseRoute] = list(probe_routes(registry, runtime, lambda: bool(app.state.started)))
+    routes.append(WebSocketRoute("/workers", door.serve))
     if settings.admin_token is not None:
         routes += admin_routes(registry, runtime, settings.admin_token.get_secret_value(), reload)
     if resource_server is not None:

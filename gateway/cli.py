@@ -1,4 +1,4 @@
-"""`manifold serve | check | tools | servers | pins`."""
+"""`manifold serve | check | tools | servers | pins | worker`."""
 
 from __future__ import annotations
 
@@ -82,6 +82,20 @@ def _parser() -> argparse.ArgumentParser:
     approve = pin_actions.add_parser("approve", help="pin tools as offered now (default: every held tool)")
     approve.add_argument("server")
     approve.add_argument("tools", nargs="*")
+    worker = commands.add_parser(
+        "worker",
+        help="offer a local stdio MCP server through a gateway that cannot reach it",
+        usage="manifold worker --connect URL [--token T] [--name NAME] -- COMMAND [ARGS...]",
+    )
+    worker.add_argument("--connect", required=True, help="the gateway's URL, e.g. https://gateway.example:8080")
+    worker.add_argument("--token", help="the worker's API token (default: $MANIFOLD_WORKER_TOKEN)")
+    worker.add_argument("--name", help="the name to offer the server under (default: the command's name)")
+    worker.add_argument(
+        "--max-message-bytes", type=int, default=4 * 1024 * 1024, help="largest message either way (default 4 MiB)"
+    )
+    worker.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
+    worker.add_argument("--log-format", choices=["auto", "json", "console"], default="auto")
+    worker.add_argument("server", nargs=argparse.REMAINDER, help="the server's command and arguments, after --")
     return parser
 
 
@@ -94,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         return _pins(args)
     if args.command == "auth":
         return _auth(args)
+    if args.command == "worker":
+        return _worker(args)
     cli = {k: v for k, v in vars(args).items() if k not in ("command", "json", "connect")}
     try:
         settings, config = load(cli)
@@ -139,6 +155,15 @@ def _serve(settings: Settings, config: FileConfig) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+def _worker(args: argparse.Namespace) -> int:
+    from gateway.logs import configure
+    from gateway.worker import run_worker
+
+    configure(args.log_level, args.log_format)
+    command = args.server[1:] if args.server[:1] == ["--"] else args.server
+    return run_worker(args.connect, args.token, command, name=args.name, max_message_bytes=args.max_message_bytes)
 
 
 def _check(settings: Settings, config: FileConfig) -> int:
@@ -307,9 +332,10 @@ def _servers(args: argparse.Namespace) -> int:
         return 1
     if args.action == "list":
         for server in body["servers"]:
+            workers = f"{server['workers']} workers  " if "workers" in server else ""
             print(
                 f"{server['name']:<24} {server['source']:<8} {server['transport']:<6} {server['state']:<10} "
-                f"{server['tools']:>4} tools  {server['error'] or ''}".rstrip()
+                f"{server['tools']:>4} tools  {workers}{server['error'] or ''}".rstrip()
             )
     else:
         print(json.dumps(body, indent=2))

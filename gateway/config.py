@@ -28,7 +28,7 @@ def _no_bool(value: Any) -> Any:
     return value
 
 
-Transport = Literal["stdio", "http", "sse"]
+Transport = Literal["stdio", "http", "sse", "worker"]  # `worker`: offered by workers that dial in, never in a file
 Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False), BeforeValidator(_no_bool)]
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -139,6 +139,10 @@ class ServerSpec(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> ServerSpec:
+        if self.transport == "worker":
+            if self.command is not None or self.url is not None:
+                raise ValueError("a server offered by workers has neither `command` nor `url`")
+            return self
         if (self.command is None) == (self.url is None):
             raise ValueError("give exactly one of `command` (stdio) or `url` (HTTP)")
         if self.command is not None and self.transport not in (None, "stdio"):

@@ -127,6 +127,27 @@ class Metrics:
             ["credential"],
             registry=r,
         )
+        self.workers_connected = Gauge(
+            "manifold_workers_connected", "Workers connected and offering a name", ["name"], registry=r
+        )
+        self.worker_calls = Counter(
+            "manifold_worker_calls",
+            "Tool calls sent to workers, by the name offered and the name of the worker's token",
+            ["name", "token"],
+            registry=r,
+        )
+        self.worker_disconnects = Counter(
+            "manifold_worker_disconnects",
+            "Worker connections that ended after they were admitted, by name and reason",
+            ["name", "reason"],
+            registry=r,
+        )
+        self.worker_refusals = Counter(
+            "manifold_worker_refusals",
+            "Worker connections refused before their tools were admitted, by reason",
+            ["reason"],
+            registry=r,
+        )
         self.build_info = Gauge("manifold_build_info", "Always 1; the version is a label", ["version"], registry=r)
         self.build_info.labels(__version__).set(1)
         self._children: dict[tuple[str, ...], Any] = {}  # labelled series, looked up once each
@@ -224,6 +245,24 @@ class Metrics:
         """Count one per-conversation connection stopped, by reason (not for a removed server)."""
         if server in self._servers:
             self.instance_stops.labels(server, reason).inc()
+
+    # Worker series are labelled `name` and outlive the name's pool (which leaves when its last worker does),
+    # so a name whose workers come and go keeps one history.
+    def set_workers(self, name: str, count: int) -> None:
+        """Set how many workers are connected and admitted for `name`."""
+        self.workers_connected.labels(name).set(count)
+
+    def count_worker_call(self, name: str, token: str) -> None:
+        """Count one call sent to a worker of `name` that dialled in with the token named `token`."""
+        self._child(self.worker_calls, "worker_calls", name, token).inc()
+
+    def count_worker_disconnect(self, name: str, reason: str) -> None:
+        """Count one admitted worker connection that ended, by reason."""
+        self.worker_disconnects.labels(name, reason).inc()
+
+    def count_worker_refusal(self, reason: str) -> None:
+        """Count one worker connection refused (no name label: a refused name is the caller's text)."""
+        self.worker_refusals.labels(reason).inc()
 
     def count_connect(self, server: str, outcome: str) -> None:
         """Count one connection attempt by outcome, `ok` or `error` (not for a removed server)."""

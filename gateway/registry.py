@@ -21,6 +21,7 @@ from gateway.pins import Pins
 from gateway.upstream.connection import Upstream
 from gateway.upstream.errors import State, describe
 from gateway.upstream.tokens import Tokens
+from gateway.upstream.workers import CONFLICT, Refusal, WorkerPool
 
 log = get_logger("registry")
 Listener = Callable[[], Awaitable[None]]
@@ -75,7 +76,6 @@ class Registry:
         return upstream.spec.pin_mode if upstream is not None else "off"
 
     def _create(self, spec: ServerSpec, source: str, egress: EgressPolicy | None) -> Upstream:
-        self.metrics.add_server(spec.name)
         upstream = Upstream(
             spec,
             self._upstream_changed,
@@ -87,9 +87,13 @@ class Registry:
             fast=self._fast,
             tokens=self.tokens,
         )
+        return self._register(upstream)
+
+    def _register(self, upstream: Upstream) -> Upstream:
+        self.metrics.add_server(upstream.name)
         upstream.on_resource_updated = self._resource_updated
-        self._ranks.setdefault(spec.name, len(self._ranks))
-        self.upstreams[spec.name] = upstream
+        self._ranks.setdefault(upstream.name, len(self._ranks))
+        self.upstreams[upstream.name] = upstream
         return upstream
 
     def _start(self, upstream: Upstream) -> None:
@@ -168,6 +172,45 @@ class Registry:
         if changed:
             await self._notify()
         return upstream
+
+    @asynccontextmanager
+    async def worker_pool(self, spec: ServerSpec) -> AsyncIterator[WorkerPool]:
+        """The pool of the workers offering `spec.name`, started with the first of them, held for as long as the
+        caller serves one; when no connection holds it any more it is removed, and its tools leave the catalog.
+
+        `NameTaken` when a server of another source has the name, or its prefix is another server's;
+        `Refusal` when the workers already offering the name are trusted otherwise than this one.
+        """
+        async with self._changing:
+            current = self.upstreams.get(spec.name)
+            if current is None:
+                prefix = spec.effective_prefix
+                if any(u.spec.effective_prefix == prefix for u in self.upstreams.values()):
+                    raise NameTaken(spec.name)
+                assert self._tg is not None, "the registry is not running"
+                pool = WorkerPool(spec, self._upstream_changed, self.metrics)
+                self._register(pool)
+                self._start(pool)
+            elif not isinstance(current, WorkerPool):
+                raise NameTaken(spec.name)
+            elif current.spec.trusted != spec.trusted:
+                trust = "trusted" if current.spec.trusted else "outside"
+                why = f"the workers offering '{spec.name}' are {trust}; this token's are not"
+                raise Refusal(CONFLICT, why, "trust")
+            else:
+                pool = current
+            pool.reserved += 1
+        try:
+            yield pool
+        finally:
+            with anyio.CancelScope(shield=True):
+                changed = False
+                async with self._changing:
+                    pool.reserved -= 1
+                    if pool.reserved == 0 and self.upstreams.get(pool.name) is pool:
+                        changed = await self._remove(pool.name, forget=True)
+                if changed:
+                    await self._notify()
 
     def on_catalog_change(self, listener: Listener) -> None:
         """Call `listener` after each change of the merged listing."""

@@ -59,7 +59,14 @@ def serve(settings: Settings, config: FileConfig) -> None:
     check_exposure(settings)
     app = build_app(settings, config)
     server_config = uvicorn.Config(
-        app, host=settings.host, port=settings.port, log_config=None, lifespan="on", timeout_graceful_shutdown=2
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_config=None,
+        lifespan="on",
+        timeout_graceful_shutdown=2,
+        ws_max_size=settings.max_body_bytes,  # a worker's message is bounded as a request body is
+        ws_ping_interval=None,  # workers are pinged in MCP (`ping`), on `workers.heartbeat_interval`
     )
     # sse-starlette would end every SSE stream, calls in flight included, the moment SIGTERM lands;
     # the drain above ends them itself once the calls are done.

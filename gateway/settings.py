@@ -53,6 +53,21 @@ class RuntimeSettings(BaseModel):
     egress: EgressSettings = Field(default_factory=EgressSettings)
 
 
+class WorkerSettings(BaseModel):
+    """Limits of the workers that dial in at `/workers` to offer tools (see `gateway/upstream/workers.py`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_tools: int = Field(default=500, ge=1, description="tools one worker may offer")
+    heartbeat_interval: float = Field(default=2.0, gt=0, description="seconds between pings to each worker")
+    heartbeat_timeout: float = Field(default=5.0, gt=0, description="seconds a worker has to answer a ping")
+    send_queue: int = Field(default=64, ge=1, description="messages queued for one worker before its callers wait")
+    send_timeout: float = Field(default=30.0, gt=0, description="seconds one message to a worker may take to send")
+    timeout: float = Field(default=60.0, gt=0, description="seconds a call may go without an answer or progress")
+    max_concurrent: int = Field(default=32, ge=1, description="calls in flight to one worker")
+    max_queued: int = Field(default=64, ge=0, description="calls waiting for a slot of one worker")
+
+
 class Settings(BaseSettings):
     """How the process runs. Every field can also be set in the config file or as `MANIFOLD_<FIELD>`."""
 
@@ -87,6 +102,7 @@ class Settings(BaseSettings):
     max_conversation_instances: int = Field(256, ge=1)
     exposure: Exposure = "direct"
     fast_path: bool = True
+    workers: WorkerSettings = Field(default_factory=WorkerSettings)
 
     @property
     def egress_enabled(self) -> bool:

@@ -15,6 +15,7 @@ from gateway.admin.pins import pin_handlers
 from gateway.admin.servers import Runtime, RuntimeError_
 from gateway.registry import Registry
 from gateway.upstream.connection import Upstream
+from gateway.upstream.workers import WorkerPool
 
 Handler = Callable[[Request], Awaitable[Response]]
 MAX_BODY = 64 * 1024
@@ -55,6 +56,8 @@ def describe_server(upstream: Upstream, registry: Registry, *, with_tools: bool 
         body["credential"] = spec.credential  # its name and kind only
         if (kind := upstream.credential_kind) is not None:
             body["credential_kind"] = kind
+    if isinstance(upstream, WorkerPool) and with_tools:
+        body["worker_list"] = upstream.describe_links()
     if with_tools:
         body["tool_list"] = [
             {"name": e.public, "tool": e.original, "labels": e.labels.names()}

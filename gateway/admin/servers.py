@@ -116,6 +116,8 @@ class Runtime:
             upstream = self.registry.upstreams.get(name)
             if upstream is None:
                 raise RuntimeError_(404, [f"no server named {name!r}"])
+            if upstream.source == "worker":
+                raise RuntimeError_(409, [f"server {name!r} is offered by workers; it leaves when they disconnect"])
             if upstream.source != "runtime":
                 raise RuntimeError_(409, [f"server {name!r} comes from the config file; change it there"])
             await self._store_call(self.store.remove(name))

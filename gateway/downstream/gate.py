@@ -12,8 +12,6 @@ token the rule's view name and the token's subject, so two subjects under one ru
 from __future__ import annotations
 
 import gc
-import hashlib
-import hmac
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -24,7 +22,7 @@ import anyio.to_thread
 from mcp.server.transport_security import TransportSecuritySettings
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.access import OPEN_VIEW, EndpointSpec, TokenSpec, View, views_for
+from gateway.access import OPEN_VIEW, EndpointSpec, TokenSpec, TokenTable, View, views_for
 from gateway.bucket import TokenBucket
 from gateway.downstream.oauth import Refusal, ResourceServer
 from gateway.downstream.sessions import Sessions, asks_capabilities
@@ -180,33 +178,24 @@ class AuthGate:
     oauth: ResourceServer | None = None
 
     def __post_init__(self) -> None:
-        self._tokens = [(t.digest(), t) for t in self.tokens]
+        tokens = list(self.tokens)
+        self._tokens = TokenTable(tokens)
         rules = self.oauth.config.rules if self.oauth is not None else []
         guarded = bool(self._tokens) or self.oauth is not None
-        self._views = {view.name: view for view in views_for(self.tokens, rules=rules)} if guarded else {}
+        self._views = {view.name: view for view in views_for(tokens, rules=rules)} if guarded else {}
         bases = list(self._views.values()) or [OPEN_VIEW]
         self._at = {(v.name, name): v.at(name, spec) for name, spec in self.endpoints.items() for v in bases}
-        self._buckets = {
-            t.name: TokenBucket(t.rate, t.burst or max(1, int(t.rate * 2))) for _, t in self._tokens if t.rate
-        }
+        self._buckets = {t.name: TokenBucket(t.rate, t.burst or max(1, int(t.rate * 2))) for t in tokens if t.rate}
         self._rates = {r.name: (r.rate, r.burst or max(1, int(r.rate * 2))) for r in rules if r.rate}
         self._subject_buckets: dict[tuple[str, str], TokenBucket] = {}
         self._guarded = guarded
-
-    def _identify(self, presented: bytes) -> TokenSpec | None:
-        digest = hashlib.sha256(presented).digest()
-        found = None
-        for known, token in self._tokens:  # every entry is compared: the time does not tell which matched
-            if hmac.compare_digest(known, digest):
-                found = token
-        return found
 
     async def _authenticate(
         self, header: bytes | None, endpoint: str | None, send: Send
     ) -> tuple[View, str | None] | None:
         """The caller's view and (for an OAuth token) subject; None when a refusal was sent."""
         presented = header[7:].strip() if header and header[:7].lower() == b"bearer " else None
-        token = self._identify(presented) if presented and self._tokens else None
+        token = self._tokens.identify(header) if presented and self._tokens else None
         if token is not None:
             if not await self._within_rate(self._buckets.get(token.name), "token", send):
                 return None

@@ -210,7 +210,7 @@ class Upstream:
                 else:
                     await session.initialize()
                 caller_capabilities(session)
-                offers = await list_offers(session, self.spec)
+                offers = await self._list(session)
                 startup.deadline = math.inf
                 await self._serve(session, offers)
         if startup.cancelled_caught:
@@ -302,6 +302,10 @@ class Upstream:
             if wire is not None:
                 wire.close()
 
+    async def _list(self, session: ClientSession) -> Offers:
+        """What the server offers, every page of it, after its filters."""
+        return await list_offers(session, self.spec)
+
     @property
     def credential_kind(self) -> str | None:
         """What kind of credential the server uses (`static`, `oauth:client_credentials`, ...), never its values."""
@@ -392,7 +396,7 @@ class Upstream:
             await anyio.sleep(0.05)  # coalesce a burst of change notices into one listing
             self._refresh_wanted = anyio.Event()
             try:
-                offers = await list_offers(session, self.spec)
+                offers = await self._list(session)
             except MCPError as e:
                 log.warning("upstream refresh failed", server=self.name, reason=describe(e))
                 if e.code == types.CONNECTION_CLOSED:

@@ -38,19 +38,33 @@ class Offers:
 NONE = Offers()
 
 
+class TooMany(Exception):
+    """A listing holds more items than the server may offer."""
+
+    def __init__(self, key: str, limit: int) -> None:
+        super().__init__(f"it offers more than {limit} {key}")
+        self.key, self.limit = key, limit
+
+
 def capabilities_of(session: ClientSession) -> Json:
     """The server's declared capabilities as a wire dict (empty before the handshake)."""
     caps = session.server_capabilities
     return caps.model_dump(by_alias=True, mode="json", exclude_none=True) if caps is not None else {}
 
 
-async def list_offers(session: ClientSession, spec: ServerSpec) -> Offers:
-    """Walk every page of each listing the server's capabilities promise; apply the tool filters."""
+async def list_offers(
+    session: ClientSession, spec: ServerSpec, *, max_tools: int | None = None, tools_only: bool = False
+) -> Offers:
+    """Walk every page of each listing the server's capabilities promise; apply the tool filters.
+
+    `max_tools` bounds the tool listing (`TooMany` past it, raised as soon as a page goes over);
+    `tools_only` leaves prompts and resources unread, and keeps only the `tools` capability.
+    """
     caps = capabilities_of(session)
     tools: tuple[Json, ...] = ()
     # A server that declares nothing else is asked for tools even if it forgot to declare them.
     if "tools" in caps or not caps.keys() & {"prompts", "resources"}:
-        tools = await _walk(session, types.ListToolsRequest, "tools", types.Tool, spec)
+        tools = await _walk(session, types.ListToolsRequest, "tools", types.Tool, spec, max_tools)
         kept_names = absorb_tools(session, list(tools))
         for dropped in [t["name"] for t in tools if t["name"] not in kept_names]:
             log.warning("upstream tool skipped: invalid x-mcp-header annotation", server=spec.name, tool=dropped)
@@ -63,6 +77,8 @@ async def list_offers(session: ClientSession, spec: ServerSpec) -> Offers:
     prompts: tuple[Json, ...] = ()
     resources: tuple[Json, ...] = ()
     templates: tuple[Json, ...] = ()
+    if tools_only:
+        return Offers(tools, capabilities={"tools": caps.get("tools") or {}})
     if "prompts" in caps:
         prompts = await _walk(session, types.ListPromptsRequest, "prompts", types.Prompt, spec)
         prompts = tuple({p["name"]: p for p in prompts}.values())
@@ -80,8 +96,10 @@ async def _walk(
     key: str,
     model: type[BaseModel],
     spec: ServerSpec,
+    limit: int | None = None,
 ) -> tuple[Json, ...]:
-    """Every page of one listing; items that do not validate are skipped with a warning."""
+    """Every page of one listing; items that do not validate are skipped with a warning. More than `limit`
+    items raise `TooMany`."""
     items: list[Json] = []
     cursor: str | None = None
     for _ in range(10_000):
@@ -97,6 +115,8 @@ async def _walk(
                 log.warning(f"upstream {key[:-1]} skipped: invalid definition", server=spec.name, item=str(label)[:128])
                 continue
             items.append(item)
+        if limit is not None and len(items) > limit:
+            raise TooMany(key, limit)
         cursor = page.get("nextCursor")
         if not cursor:
             break

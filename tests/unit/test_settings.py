@@ -44,6 +44,7 @@ def test_file_keys():
         "session_idle_timeout",
         "fast_path",
         "exposure",
+        "workers",
     }
     assert frozenset(expected) == FILE_KEYS
 
