@@ -1,12 +1,22 @@
-"""A lean fixture upstream for the benchmark: `echo` plus N dummy tools, over stdio or streamable HTTP.
+"""Fixture upstreams for the benchmark: `echo` plus N dummy tools, over stdio or streamable HTTP.
 
-Run: ``python bench/fixture.py --transport stdio|http [--port P] [--tools N] [--sleep-ms MS]
-[--result-bytes B] [--name NAME]``.
+Run: ``python bench/fixture.py --transport stdio|http [--kind lowlevel|mcpserver] [--port P] [--tools N]
+[--sleep-ms MS] [--result-bytes B] [--name NAME]``.
 
-Written on the SDK's low-level `Server` with as little per-call work as the SDK allows: the tool list and
-schemas are built once, `get_tool_input_schema` is set (so 2026-era calls never re-list), the OpenTelemetry
-middleware is dropped, HTTP answers are plain JSON bodies (`json_response=True`), the Host/Origin check is
-off (loopback only) and uvicorn runs without access logs, on uvloop and httptools when they are installed.
+Two kinds of server with the same tools:
+
+- ``lowlevel`` (the default): a lean server on the SDK's low-level `Server`, with as little per-call work as
+  the SDK allows: the tool list and schemas are built once, `get_tool_input_schema` is set (so 2026-era
+  calls never re-list), the OpenTelemetry middleware is dropped, and stdio is read and written on the event
+  loop instead of through the SDK's worker threads.
+- ``mcpserver``: the same tools written the way most Python MCP servers are, on the SDK's high-level
+  `MCPServer`: decorated functions with typed parameters, the SDK's default middleware, and the SDK's own
+  stdio transport (`run_stdio_async`). Its `echo` is declared `-> str`, so its answers carry the text twice,
+  as content and as structured content (`{"result": ...}`), as any such server's do.
+
+Both serve HTTP answers as plain JSON bodies (`json_response=True`) with the Host/Origin check off (loopback
+only), and run uvicorn without access logs, on uvloop and httptools when they are installed (stdio runs on
+uvloop too).
 
 - ``--tools N``: N dummy tools besides ``echo`` (``tool_0001`` ...), so the listing has N + 1 tools.
 - ``--sleep-ms MS``: ``echo`` sleeps that long before answering.
@@ -23,13 +33,17 @@ import asyncio
 import importlib.util
 import os
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Annotated, Any, cast
 
 import anyio
 import mcp.types as types
 from mcp import MCPError
-from mcp.server import Server, ServerRequestContext
+from mcp.server import MCPServer, Server, ServerRequestContext
 from mcp.types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import Field
+from starlette.applications import Starlette
+
+KINDS = ("lowlevel", "mcpserver")
 
 ECHO_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -90,12 +104,35 @@ def build_server(name: str, n_tools: int, sleep_ms: float, result_bytes: int) ->
     return server
 
 
-def serve_http(server: Server[Any], host: str, port: int) -> None:
-    """Serve streamable HTTP at /mcp with uvicorn, as fast as its options allow."""
-    import uvicorn
+def build_mcpserver(name: str, n_tools: int, sleep_ms: float, result_bytes: int) -> MCPServer[Any]:
+    """The same tools on the high-level `MCPServer`, written as a server author would write them."""
+    mcp = MCPServer(name, version="0.1.0", log_level="WARNING")
+    big_text = "x" * result_bytes if result_bytes else None
+    delay = sleep_ms / 1000.0
+
+    @mcp.tool(annotations=READ_ONLY)
+    async def echo(text: Annotated[str, Field(description="The text to return.")]) -> str:
+        """Return the text."""
+        if delay:
+            await anyio.sleep(delay)
+        return big_text if big_text is not None else text
+
+    def dummy(i: int) -> Any:
+        async def tool(value: Annotated[str, Field(description="Ignored.")] = "") -> str:
+            return dummy_name(i)
+
+        return tool
+
+    for i in range(1, n_tools + 1):
+        mcp.tool(name=dummy_name(i), description=f"Dummy tool number {i}.")(dummy(i))
+    return mcp
+
+
+def http_app(server: Server[Any] | MCPServer[Any], host: str) -> Starlette:
+    """The streamable HTTP app at /mcp: JSON answers, no Host/Origin check, no session limits."""
     from mcp.server.transport_security import TransportSecuritySettings
 
-    app = server.streamable_http_app(
+    return server.streamable_http_app(
         streamable_http_path="/mcp",
         json_response=True,
         transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
@@ -103,6 +140,12 @@ def serve_http(server: Server[Any], host: str, port: int) -> None:
         session_idle_timeout=None,
         max_sessions=None,
     )
+
+
+def serve_http(app: Starlette, host: str, port: int) -> None:
+    """Serve an app with uvicorn, as fast as its options allow."""
+    import uvicorn
+
     loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
     http = "httptools" if importlib.util.find_spec("httptools") else "h11"
     uvicorn.run(
@@ -170,6 +213,7 @@ def main() -> None:
     """Parse the command line and serve."""
     p = argparse.ArgumentParser(description="Benchmark fixture upstream.")
     p.add_argument("--transport", choices=["stdio", "http"], default="stdio")
+    p.add_argument("--kind", choices=KINDS, default="lowlevel", help="low-level Server or high-level MCPServer")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--name", default="bench")
@@ -177,11 +221,19 @@ def main() -> None:
     p.add_argument("--sleep-ms", type=float, default=0.0, help="echo sleeps this long")
     p.add_argument("--result-bytes", type=int, default=0, help="echo returns a text this long")
     args = p.parse_args()
+    uvloop = {"use_uvloop": importlib.util.find_spec("uvloop") is not None}
+    if args.kind == "mcpserver":
+        mcp = build_mcpserver(args.name, args.tools, args.sleep_ms, args.result_bytes)
+        if args.transport == "http":
+            serve_http(http_app(mcp, args.host), args.host, args.port)
+        else:
+            anyio.run(mcp.run_stdio_async, backend_options=uvloop)
+        return
     server = build_server(args.name, args.tools, args.sleep_ms, args.result_bytes)
     if args.transport == "http":
-        serve_http(server, args.host, args.port)
+        serve_http(http_app(server, args.host), args.host, args.port)
     else:
-        anyio.run(serve_stdio, server, backend_options={"use_uvloop": importlib.util.find_spec("uvloop") is not None})
+        anyio.run(serve_stdio, server, backend_options=uvloop)
 
 
 if __name__ == "__main__":

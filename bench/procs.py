@@ -167,14 +167,15 @@ def wait_port(proc: Proc, port: int, timeout: float) -> None:
 
 @dataclass(frozen=True)
 class FixtureSpec:
-    """A fixture upstream: how many dummy tools, and how its echo behaves."""
+    """A fixture upstream: which kind of server (fixture.py's --kind), how many dummy tools, how echo behaves."""
 
     tools: int = 10
     sleep_ms: float = 0.0
     result_bytes: int = 0
+    kind: str = "lowlevel"  # "lowlevel" (the SDK's low-level Server) or "mcpserver" (its high-level MCPServer)
 
     def args(self) -> list[str]:
-        out = ["--tools", str(self.tools)]
+        out = ["--kind", self.kind, "--tools", str(self.tools)]
         if self.sleep_ms:
             out += ["--sleep-ms", f"{self.sleep_ms:g}"]
         if self.result_bytes:
