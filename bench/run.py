@@ -389,7 +389,7 @@ class Bench:
         self.generator_cpu_s += result.generator_cpu_s
         if result.errors:
             self.log(f"    ! {target.key}: {result.errors} errors {result.error_detail}")
-        time.sleep(0.2)
+        time.sleep(0.1)  # lets sockets close; settle() waits at least another interval
         waited = settle(target.watch.values())
         if waited > 2:
             self.log(f"    ({target.key} worked {waited:.1f} s on after the run ended)")
@@ -593,9 +593,14 @@ class Bench:
         errors = sum(r.errors for r in runs)
         note = f", {errors} errors" if errors else ""
         if not any(r.calls for r in runs):
-            slowest = max(r.duration_s for r in runs)
-            text = f"no answer within {slowest:.0f} s{note}"
-            return (f"{NA} ({text})" if added else f"0{X} ({text})"), {"peer_value": 0.0, "peer_no_answer": True}
+            # No answer within a run of D seconds at concurrency c: every answer took over D seconds, so by
+            # Little's law the peer's throughput is under c / D.
+            window = min(r.duration_s for r in runs)
+            text = f"no answer within {window:.0f} s{note}"
+            if added:
+                return f"{NA} ({text})", {"peer_no_answer": True}
+            bound = runs[0].concurrency / window / median(r.calls_per_s for r in res["direct"])
+            return f"< {bound:.2g}{X} ({text})", {"peer_no_answer": True, "peer_ratio_below": bound}
         if added:
             value = median(p.p50_ms - d.p50_ms for d, p in zip(res["direct"], runs, strict=True))
             p50 = median(r.p50_ms for r in runs)
@@ -1096,7 +1101,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"uvloop {v['uvloop']}, httptools {v['httptools']}, {v['wrk']}. Gateway at {report['git']['commit']}"
         f"{' (with uncommitted gateway changes)' if report['git']['dirty'] else ''}, default configuration. "
         + _peer_note(report)
-        + f"Took {report['elapsed_s']:.0f} s{'' if report['completed'] else ' (INCOMPLETE)'}."
+        + f"Took {report['elapsed_s']:.0f} s{_phases_note(report)}{'' if report['completed'] else ' (INCOMPLETE)'}."
         + _native_note(report)
         + (" **Installed packages changed during the run.**" if report.get("versions_changed_during_run") else ""),
         "",
@@ -1164,6 +1169,11 @@ def markdown(report: dict[str, Any]) -> str:
         )
     lines += ["", "</details>", ""]
     return "\n".join(lines)
+
+
+def _phases_note(report: dict[str, Any]) -> str:
+    took = report["extra"].get("phase_seconds") or {}
+    return f" ({', '.join(f'{name} {s:.0f} s' for name, s in took.items())})" if took else ""
 
 
 def _peer_note(report: dict[str, Any]) -> str:
@@ -1321,15 +1331,20 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     completed = False
     print(f"bench: {plan.name} run; logs and configs in {bench.workdir}")
+    phases: list[tuple[str, Callable[[], None]]] = [
+        ("calls", bench.calls_phase),
+        ("twenty", bench.twenty_phase),
+        ("conversations", bench.conversations_phase),
+        ("search", lambda: search_phase(bench)),
+    ]
+    took = bench.extra.setdefault("phase_seconds", {})
     try:
-        if args.only in (None, "calls"):
-            bench.calls_phase()
-        if args.only in (None, "twenty"):
-            bench.twenty_phase()
-        if args.only in (None, "conversations"):
-            bench.conversations_phase()
-        if args.only in (None, "search"):
-            search_phase(bench)
+        for name, phase in phases:
+            if args.only in (None, name):
+                t = time.monotonic()
+                phase()
+                took[name] = round(time.monotonic() - t, 1)
+                print(f"bench: {name} phase took {took[name]:.0f} s")
         completed = True
     finally:
         bench.stop_all()
