@@ -24,7 +24,9 @@ from mcp.server.subscriptions import (
     ResourceUpdated,
     ToolsListChanged,
 )
-from mcp.types.version import MODERN_PROTOCOL_VERSIONS
+from mcp.types.methods import serialize_server_result
+from mcp.types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERSION, MODERN_PROTOCOL_VERSIONS
+from pydantic import ValidationError
 
 from gateway import surface
 from gateway.access import OPEN_VIEW, Exposure, View
@@ -49,6 +51,7 @@ from gateway.exposure import (
     search_request,
 )
 from gateway.handover import Refused, spec_of
+from gateway.internals.sdk import REPLAYED
 from gateway.logs import get_logger
 from gateway.registry import Registry
 from gateway.tasks import Tasks
@@ -630,7 +633,8 @@ class Frontend:
             channel.handler.close()
 
     async def _track_sessions(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
-        self.registry.metrics.count_request(ctx.method)
+        if ctx.request is None or REPLAYED not in ctx.request.headers:  # a woken session's handshake counted once
+            self.registry.metrics.count_request(ctx.method)
         legacy_session = (
             ctx.request.headers.get(SESSION_HEADER)
             if ctx.request is not None and ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS
@@ -657,6 +661,34 @@ class Frontend:
                 answer = await self._task_result(ctx, typed)
                 return answer
         return await call_next(ctx)
+
+    def handshake(self, params: Any, view: View) -> tuple[dict[str, Any], str] | None:
+        """The result of a 2025-era `initialize` with `params` as the SDK's server gives it (for `view`), and the
+        protocol version it settles on; None when the params are not valid (the SDK words the refusal)."""
+        try:
+            requested = types.InitializeRequestParams.model_validate(params, by_name=False).protocol_version
+        except ValidationError:
+            return None
+        version = requested if requested in HANDSHAKE_PROTOCOL_VERSIONS else LATEST_HANDSHAKE_VERSION
+        options = self.server.create_initialization_options()
+        result = types.InitializeResult(
+            protocol_version=version,
+            capabilities=options.capabilities,
+            server_info=types.Implementation(
+                name=options.server_name,
+                title=options.title,
+                description=options.description,
+                version=options.server_version,
+                website_url=options.website_url,
+                icons=options.icons,
+            ),
+            instructions=options.instructions,
+        )
+        dumped = serialize_server_result(
+            "initialize", version, result.model_dump(by_alias=True, mode="json", exclude_none=True)
+        )
+        narrowed: dict[str, Any] = self._narrowed(dumped, view)  # type: ignore[assignment]
+        return narrowed, version
 
     def _narrowed(self, result: HandlerResult, view: View) -> HandlerResult:
         """A handshake's (or discovery's) capabilities, less what no server in the caller's view offers."""

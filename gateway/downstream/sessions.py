@@ -1,23 +1,29 @@
 """The one owner of downstream 2025-era session state.
 
-A session is opened by the SDK's transport (on `initialize`); the gate records which view opened it and
-its owner (an API token, or an OAuth rule and the token's subject: no one else may use it), the server
+A session is opened by the SDK's transport (on `initialize`), or by the shortcut, which keeps a session
+that only lists and calls tools as one small record here (dormant) and hands it to the SDK, replaying its
+handshake, the first time it asks for more (`wake`). The gate records which view opened a session and its
+owner (an API token, or an OAuth rule and the token's subject: no one else may use it), the server
 records the SDK session it pushes change notices through. Liveness comes from the SDK's own table of
-open sessions, read through `gateway.internals.sdk`; records of sessions it has closed are pruned
-whenever the sessions are counted or told of a change, and as the table grows.
+open sessions, read through `gateway.internals.sdk`, and for dormant sessions from their last request and
+the idle timeout; records of closed sessions are pruned whenever the sessions are counted or told of a
+change, and as the table grows.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
 from mcp.server.streamable_http import StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from starlette.types import Scope
 
-from gateway.internals.sdk import holding, serving_transport, session_transports
+from gateway.internals.sdk import adopt_session, holding, serving_transport, session_transports
 from gateway.upstream.asks import ASKING
 
 
@@ -31,9 +37,19 @@ def asks_capabilities(message: Any) -> bool:
 
 
 @dataclass
+class Dormant:
+    """A session the SDK does not hold yet: its opening request, to replay when it wakes, and its last use."""
+
+    opening: bytes
+    version: str
+    touched: float
+    woken: anyio.Event | None = None  # set once a wake is under way: later requests wait for it
+
+
+@dataclass
 class Session:
     """One open 2025-era session: the view it belongs to, its owner (who alone may use it), and (once it served
-    a request) its SDK session."""
+    a request) its SDK session, or what it takes to open one (`dormant`)."""
 
     view: str
     owner: str | None = None
@@ -41,6 +57,7 @@ class Session:
     level: str | None = None
     talks: bool = False
     subscribed: set[str] = field(default_factory=set)
+    dormant: Dormant | None = None
 
 
 class Sessions:
@@ -67,9 +84,59 @@ class Sessions:
         """Record a session the SDK just opened for a caller with `view` and `owner` (default: the view's name;
         `talks`: its client can be asked)."""
         self._by_id.setdefault(session_id, Session(view, owner, talks=talks))
+        self._grown()
+
+    def _grown(self) -> None:
         if len(self._by_id) >= self._prune_at:
             self.prune()
             self._prune_at = max(64, 2 * len(self._by_id))
+
+    def open_dormant(self, session_id: str, view: str, owner: str, opening: bytes, version: str) -> None:
+        """Record a session the shortcut opened itself with the `initialize` request `opening`."""
+        self._by_id[session_id] = Session(view, owner, dormant=Dormant(opening, version, time.monotonic()))
+        self._grown()
+
+    def dormant(self, session_id: str) -> bool:
+        """Whether the session is open and the SDK does not hold it (its requests are the shortcut's, or wake
+        it); marks it used."""
+        session = self._by_id.get(session_id)
+        if session is None or session.dormant is None or session.dormant.woken is not None:
+            return False
+        if self._expired(session.dormant):
+            del self._by_id[session_id]
+            return False
+        session.dormant.touched = time.monotonic()
+        return True
+
+    def waking(self, session_id: str) -> bool:
+        """Whether the session is dormant or being woken (a request for it must wait for `wake`)."""
+        session = self._by_id.get(session_id)
+        return session is not None and session.dormant is not None
+
+    async def wake(self, session_id: str, template: Scope) -> None:
+        """Hand a dormant session to the SDK (once, however many requests ask at a time); a session the SDK
+        does not take is forgotten, so the request that woke it is answered as for an unknown session."""
+        session = self._by_id.get(session_id)
+        if session is None or (dormant := session.dormant) is None:
+            return
+        if dormant.woken is not None:
+            await dormant.woken.wait()
+            return
+        dormant.woken = anyio.Event()
+        taken = False
+        try:
+            assert self._manager is not None
+            with anyio.CancelScope(shield=True):
+                taken = await adopt_session(self._manager, session_id, template, dormant.opening, dormant.version)
+        finally:
+            session.dormant = None
+            if not taken:
+                self._by_id.pop(session_id, None)
+            dormant.woken.set()
+
+    def _expired(self, dormant: Dormant) -> bool:
+        timeout = self._manager.session_idle_timeout if self._manager is not None else None
+        return timeout is not None and time.monotonic() - dormant.touched > timeout
 
     def served(self, session_id: str, view: str, pusher: Any) -> None:
         """Record the SDK session a request of `session_id` was served on (change notices go through it)."""
@@ -124,11 +191,16 @@ class Sessions:
         return session is not None and session.pusher is not None
 
     def prune(self) -> None:
-        """Forget the sessions the SDK has closed."""
+        """Forget the sessions the SDK has closed, and dormant ones idle for longer than the idle timeout."""
         if self._manager is None:
             return
         live = session_transports(self._manager)
-        for session_id in [s for s in self._by_id if s not in live]:
+        gone = [
+            session_id
+            for session_id, session in self._by_id.items()
+            if (self._expired(session.dormant) if session.dormant is not None else session_id not in live)
+        ]
+        for session_id in gone:
             del self._by_id[session_id]
 
     def ended(self, session_id: str) -> None:
@@ -140,6 +212,9 @@ class Sessions:
         """Whether the SDK still holds the session open (True before the SDK's table is attached)."""
         if self._manager is None:
             return True
+        session = self._by_id.get(session_id)
+        if session is not None and session.dormant is not None:
+            return not self._expired(session.dormant)
         transport = session_transports(self._manager).get(session_id)
         return transport is not None and not transport.is_terminated
 
@@ -161,6 +236,6 @@ class Sessions:
             return None
         return serving_transport(self._manager, session_id)
 
-    def holding(self, transport: StreamableHTTPServerTransport) -> AbstractContextManager[None]:
-        """Keep the session from idling out while a request is served beside the SDK."""
-        return holding(transport)
+    def holding(self, transport: StreamableHTTPServerTransport | None) -> AbstractContextManager[None]:
+        """Keep the session from idling out while a request is served beside the SDK (None: a dormant one)."""
+        return holding(transport) if transport is not None else nullcontext()

@@ -17,6 +17,7 @@ import asyncio
 from collections.abc import Mapping
 from functools import partial
 from typing import Any
+from uuid import uuid4
 
 import anyio
 from mcp import MCPError
@@ -36,6 +37,7 @@ from gateway.calls import admit, forward_call, forwardable_meta
 from gateway.conversations import CONVERSATION, conversation_key
 from gateway.downstream.gate import MESSAGE_KEY, owner_of, view_of
 from gateway.downstream.server import Frontend
+from gateway.downstream.sessions import asks_capabilities
 from gateway.exposure import OWN_TOOLS
 from gateway.jsonrpc import INTERNAL_ERROR, REQUEST_CANCELLED, encode
 from gateway.logs import get_logger
@@ -44,6 +46,9 @@ from gateway.upstream.asks import ASKING
 Json = dict[str, Any]
 log = get_logger("shortcut")
 
+SERVED = frozenset(
+    {"tools/call", "tools/list", "notifications/cancelled", "initialize", "notifications/initialized", "ping"}
+)
 CALL_PARAMS = frozenset({"name", "arguments", "_meta"})
 LIST_PARAMS = frozenset({"_meta"})
 PARAM_HEADER_PREFIX = "mcp-param-"
@@ -82,16 +87,27 @@ class Shortcut:
         self._legacy_calls: dict[tuple[str, Any], anyio.CancelScope] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] == "/mcp":
+        if scope["type"] == "http" and scope["path"] == "/mcp":
             message = scope.get("state", {}).get(MESSAGE_KEY)
-            if isinstance(message, dict) and await self._serve(scope, message, receive, send):
+            if (
+                scope["method"] == "POST"
+                and isinstance(message, dict)
+                and await self._serve(scope, message, receive, send)
+            ):
                 return
+            session_id = _session_of(scope)
+            sessions = self.frontend.sessions
+            if session_id is not None and sessions.waking(session_id):
+                if scope["method"] == "DELETE" and sessions.dormant(session_id):
+                    await _reply(send, 200, b"", session_id)  # the gate forgets the session
+                    return
+                await sessions.wake(session_id, scope)  # the SDK serves this request, and the session from now on
         await self.app(scope, receive, send)
 
     async def _serve(self, scope: Scope, message: Json, receive: Receive, send: Send) -> bool:
         """Answer the request and return True, or return False (having sent nothing) to pass it on."""
         method = message.get("method")
-        if method not in ("tools/call", "tools/list", "notifications/cancelled"):
+        if method not in SERVED:
             return False
         pairs = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
         headers = dict(pairs)
@@ -101,6 +117,11 @@ class Shortcut:
         session_id = headers.get("mcp-session-id")
         if method == "notifications/cancelled":
             return await self._cancel(message, version, session_id, send)
+        if method == "notifications/initialized":
+            if session_id is None or "id" in message or not self.frontend.sessions.dormant(session_id):
+                return False
+            await _reply(send, 202, b"", session_id)
+            return True
         request_id = message.get("id")
         if not _plain_id(request_id):
             return False
@@ -109,6 +130,13 @@ class Shortcut:
             params = {}
         elif not isinstance(params, dict):
             return False
+        if method == "initialize":
+            return await self._open(scope, send, message, request_id, params, version, session_id)
+        if method == "ping":
+            if session_id is None or params or not self.frontend.sessions.dormant(session_id):
+                return False
+            await _respond(send, b"{}", request_id, 200, session_id)
+            return True
         if version in MODERN_PROTOCOL_VERSIONS:
             if find_duplicated_routing_header(pairs) is not None:
                 return False  # a repeated routing header: the SDK names it
@@ -117,14 +145,47 @@ class Shortcut:
             return await self._answer(scope, receive, send, method, request_id, params, headers, version, None)
         if version in HANDSHAKE_PROTOCOL_VERSIONS and session_id is not None:
             sessions = self.frontend.sessions
-            transport = sessions.transport(session_id)
-            if transport is None:
+            dormant = sessions.dormant(session_id)
+            transport = None if dormant else sessions.transport(session_id)
+            if transport is None and not dormant:
                 return False
             with sessions.holding(transport):
                 return await self._answer(
                     scope, receive, send, method, request_id, params, headers, version, session_id
                 )
         return False
+
+    async def _open(
+        self,
+        scope: Scope,
+        send: Send,
+        message: Json,
+        request_id: Any,
+        params: Json,
+        version: str | None,
+        session_id: str | None,
+    ) -> bool:
+        """A 2025-era `initialize` of a client that cannot be asked anything: answered as the SDK would, the
+        session kept as one small record until it needs the SDK (see `downstream.sessions`)."""
+        if session_id is not None or version in MODERN_PROTOCOL_VERSIONS or asks_capabilities(message):
+            return False
+        sessions = self.frontend.sessions
+        limit = self.frontend.server.session_manager.max_sessions
+        if limit is not None and sessions.count() >= limit:
+            body = b'{"jsonrpc":"2.0","id":null,"error":{"code":-32603,"message":"Too many open sessions"}}'
+            await _reply(send, 503, body, None)
+            return True
+        view = view_of(scope.get("state"))
+        answer = self.frontend.handshake(params, view)
+        if answer is None:
+            return False
+        result, settled = answer
+        opened = uuid4().hex
+        opening = bytes(memoryview(encode(message)))  # an exact copy: orjson's own bytes keep 4 KiB spare
+        sessions.open_dormant(opened, view.name, owner_of(scope.get("state")) or view.name, opening, settled)
+        self.registry.metrics.count_request("initialize")
+        await _respond(send, encode(result), request_id, 200, opened)
+        return True
 
     async def _headers_ok(self, scope: Scope, headers: Mapping[str, str]) -> bool:
         """Host, Origin and Content-Type as the SDK checks them (verdicts remembered), and an Accept of both."""
@@ -250,11 +311,15 @@ class Shortcut:
         if session_id is None or version not in HANDSHAKE_PROTOCOL_VERSIONS or not isinstance(params, dict):
             return False
         call_scope = self._legacy_calls.get((session_id, params.get("requestId")))
-        if call_scope is None or self.frontend.sessions.transport(session_id) is None:
+        sessions = self.frontend.sessions
+        if sessions.dormant(session_id):
+            if call_scope is not None:
+                call_scope.cancel()  # without one, nothing of that id is in flight: nothing to do
+        elif call_scope is None or sessions.transport(session_id) is None:
             return False
-        call_scope.cancel()
-        await send({"type": "http.response.start", "status": 202, "headers": _headers(0, session_id)})
-        await send({"type": "http.response.body", "body": b""})
+        else:
+            call_scope.cancel()
+        await _reply(send, 202, b"", session_id)
         return True
 
 
@@ -271,6 +336,18 @@ def _talks(meta: Json | None) -> bool:
 def _cancel_unless_cancelled(scope: anyio.CancelScope, watcher: asyncio.Task[None]) -> None:
     if not watcher.cancelled():
         scope.cancel()
+
+
+def _session_of(scope: Scope) -> str | None:
+    for key, value in scope["headers"]:
+        if key == b"mcp-session-id":
+            return str(value.decode("latin-1"))
+    return None
+
+
+async def _reply(send: Send, status: int, body: bytes, session_id: str | None) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": _headers(len(body), session_id)})
+    await send({"type": "http.response.body", "body": body})
 
 
 def _headers(length: int, session_id: str | None) -> list[tuple[bytes, bytes]]:

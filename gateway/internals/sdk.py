@@ -17,6 +17,9 @@
 - A 2025-era session's transport (`StreamableHTTPSessionManager._server_instances`) and its in-flight
   counter (`_requests_in_flight`, `_idle_timeout`), so a request served beside the SDK holds the session
   open as the SDK's own requests do.
+- `adopt_session`: a session the gateway opened itself handed to the SDK under its id, by registering a
+  transport in `_server_instances` and serving the session's replayed opening request through
+  `StreamableHTTPSessionManager._serve_opening_request` (which starts the session's server task).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from mcp.server.streamable_http import StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.shared.inbound import MCP_NAME_HEADER, encode_header_value
 from mcp.types.version import MODERN_PROTOCOL_VERSIONS
+from starlette.types import Message, Receive, Scope
 
 from gateway.upstream.errors import AnswerLost, ChannelError, HttpStatus, SessionExpired
 
@@ -136,6 +140,55 @@ def serving_transport(manager: StreamableHTTPSessionManager, session_id: str) ->
     return None if idle is not None and idle.cancel_called else transport
 
 
+REPLAYED = "manifold-replayed"  # a header on the requests `adopt_session` replays
+
+
+async def adopt_session(
+    manager: StreamableHTTPSessionManager, session_id: str, template: Scope, opening: bytes, version: str
+) -> bool:
+    """Open an SDK session under `session_id` by replaying its `initialize` request (`opening`) and the
+    `notifications/initialized` that followed it; `template` is a request of the session's client (its Host
+    and Origin pass the same checks). The answers are dropped. Returns whether the SDK took the session."""
+    transport = StreamableHTTPServerTransport(
+        mcp_session_id=session_id,
+        is_json_response_enabled=manager.json_response,
+        event_store=manager.event_store,
+        security_settings=manager.security_settings,
+        retry_interval=manager.retry_interval,
+        idle_timeout=manager.session_idle_timeout,
+    )
+    manager._server_instances[session_id] = transport
+    keep = (b"host", b"origin", b"user-agent")
+    headers = [(k, v) for k, v in template["headers"] if k.lower() in keep]
+    headers += [(b"content-type", b"application/json"), (b"accept", b"application/json, text/event-stream")]
+    headers.append((REPLAYED.encode(), b"1"))
+    scope = {**template, "method": "POST", "headers": headers, "query_string": b""}
+    await manager._serve_opening_request(transport, scope, _body(opening), _drop)
+    if manager._server_instances.get(session_id) is not transport:
+        return False
+    initialized = b'{"jsonrpc":"2.0","method":"notifications/initialized"}'
+    session_headers = [(b"mcp-session-id", session_id.encode()), (b"mcp-protocol-version", version.encode())]
+    await transport.handle_request({**scope, "headers": headers + session_headers}, _body(initialized), _drop)
+    return not transport.is_terminated
+
+
+def _body(body: bytes) -> Receive:
+    sent = False
+
+    async def receive() -> Message:
+        nonlocal sent
+        if sent:
+            await anyio.sleep_forever()
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return receive
+
+
+async def _drop(message: Message) -> None:
+    return None
+
+
 @contextmanager
 def holding(transport: StreamableHTTPServerTransport) -> Iterator[None]:
     """Count a request as in flight on a session, as its own transport does, so it does not idle out."""
@@ -155,7 +208,9 @@ def holding(transport: StreamableHTTPServerTransport) -> Iterator[None]:
 
 __all__ = [
     "CALLER_CAPABILITIES",
+    "REPLAYED",
     "absorb_tools",
+    "adopt_session",
     "caller_capabilities",
     "channel_error",
     "holding",
@@ -178,6 +233,9 @@ SYMBOLS = {
     ),
     "mcp.server.streamable_http_manager.StreamableHTTPSessionManager._server_instances": lambda: (
         StreamableHTTPSessionManager(app=None)._server_instances  # type: ignore[arg-type]
+    ),
+    "mcp.server.streamable_http_manager.StreamableHTTPSessionManager._serve_opening_request": lambda: (
+        StreamableHTTPSessionManager._serve_opening_request
     ),
     "mcp.server.streamable_http.StreamableHTTPServerTransport._requests_in_flight": lambda: _transport_attr(
         "_requests_in_flight"
