@@ -6,6 +6,7 @@ import logging
 import re
 import sys
 from collections.abc import MutableMapping
+from functools import lru_cache
 from typing import Any
 
 import orjson
@@ -18,12 +19,20 @@ REDACTED = "[redacted]"
 
 def redact_text(text: str) -> str:
     """Text with credentials after `Bearer`/`Basic` replaced."""
+    lowered = text.lower()
+    if "bearer" not in lowered and "basic" not in lowered:
+        return text  # the pattern needs one of them: most lines are spared the regex
     return _BEARER.sub(lambda m: f"{m.group(1)} {REDACTED}", text)
+
+
+@lru_cache(maxsize=1024)
+def _secret_key(key: str) -> bool:
+    return _SECRET_KEYS.search(key) is not None
 
 
 def _redact(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     for key, value in list(event.items()):
-        if _SECRET_KEYS.search(key) and value is not None:
+        if value is not None and _secret_key(key):
             event[key] = REDACTED
         elif isinstance(value, str):
             event[key] = redact_text(value)
