@@ -237,10 +237,11 @@ def write_gateway_config(servers: dict[str, dict[str, Any]], path: Path) -> Path
 
 
 def start_gateway(servers: dict[str, dict[str, Any]], workdir: Path, tag: str) -> Gateway:
-    """Start `python -m gateway serve` on a fresh port with a generated config (it answers before upstreams)."""
+    """Start `python -m gateway serve` on a fresh port with a generated config (it answers before upstreams).
+
+    Logging is the default (info, JSON lines off a terminal) into a file: one line per call, as users run it."""
     config = write_gateway_config(servers, workdir / f"gateway-{tag}.yaml")
     port = free_port()
     cmd = [PYTHON, "-m", "gateway", "serve", "--config", str(config), "--port", str(port)]
-    cmd += ["--log-level", "warning", "--log-format", "json"]
     proc = Proc(f"gateway {tag}", cmd, workdir / f"gateway-{tag}.log")
     return Gateway(port, proc, config)
