@@ -121,8 +121,8 @@ class ServerSpec(BaseModel):
     timeout: Seconds = 60.0
     startup_timeout: Seconds = 10.0
     max_call_time: Seconds | None = None
-    max_concurrent: int = Field(32, ge=1)
-    max_queued: int = Field(64, ge=0)
+    max_concurrent: int = Field(128, ge=1)
+    max_queued: int = Field(512, ge=0)
     retry: RetrySpec = RetrySpec.model_validate({})
     refresh_interval: Seconds | None = None
     required: bool = False
