@@ -482,9 +482,11 @@ class Bench:
             "s": specs["h"].stdio_server(),
             "slow": {"url": fx["slow"].url},
             "big": {"url": fx["big"].url},
+            # the same fixture, spoken to in the handshake era: the `protocol` option, for servers of large results
+            "big25": {"url": fx["big"].url, "protocol": LEGACY},
         }
         gw = self.gateway(servers, f"calls{tag}")
-        self.wait_tools(gw, {"h__echo", "s__echo", "slow__echo", "big__echo"})
+        self.wait_tools(gw, {"h__echo", "s__echo", "slow__echo", "big__echo", "big25__echo"})
         upstreams: dict[str, str | list[str]] = {
             "h": fx["h"].url,
             "s": specs["h"].stdio_command(),
@@ -568,11 +570,20 @@ class Bench:
                 [
                     direct("big", check_echo(MIB)),
                     via("gateway", "big", fx["big"].proc.pid, check_echo(MIB)),
+                    via("gateway 2025 upstream", "big25", fx["big"].proc.pid, check_echo(MIB)),
                     *via_peer("peer", "big", check_echo(MIB)),
                 ],
                 4,
             )
             self.throughput_row(f"1 MiB result{on}, c=4, calls/s ({era})", res, "gateway", BIG_C4, missing("big"))
+            self.throughput_row(
+                f"1 MiB result{on}, c=4, upstream spoken to in {LEGACY} (`protocol` option), calls/s ({era})",
+                res,
+                "gateway 2025 upstream",
+                BIG_C4,
+                "the same peer as the row above",
+                peer_key="-",
+            )
         if lean:
             self.extra["rss_calls_gateway_under_load_max_kib"] = max(rss_load, default=0)
         self.stop(gw.proc)
