@@ -43,7 +43,7 @@ test: setup system-deps tests/thirdparty/node_modules/.installed lint  ## set up
 	@echo "the same conformance tests with the fast path off (every request through the SDK's stacks):"
 	MANIFOLD_FAST_PATH=false $(BIN)/pytest -q $(SDK_PATH_TESTS)
 
-bench: setup  ## run the benchmark (under 10 min on 2 cores); results in bench/results/latest.md and latest.json
+bench: setup  ## run the benchmark (about 14 min on 2 cores); results in bench/results/latest.md and latest.json
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
 clean:
