@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.mcphttp import Connection, Endpoint, McpError, open_session
-from bench.procs import BENCH_DIR, Proc, free_port, package_versions, wait_port
+from bench.procs import BENCH_DIR, Proc, Served, free_port, package_versions, wait_port
 
 FASTMCP_VERSION = "4.1.6"
 PEER_NAME = "FastMCP proxy"
@@ -84,20 +84,10 @@ def peer_version(python: Path) -> str:
 
 
 @dataclass
-class Peer:
+class Peer(Served):
     """A running peer proxy in front of one upstream."""
 
     name: str
-    port: int
-    proc: Proc
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/mcp"
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
 
 
 def start_peer(python: Path, name: str, upstream: str | list[str], workdir: Path, timeout: float = 60.0) -> Peer:
@@ -117,7 +107,7 @@ def start_peer(python: Path, name: str, upstream: str | list[str], workdir: Path
             try:
                 open_session(conn, "2025-11-25")
                 conn.close()
-                return Peer(name, port, proc)
+                return Peer(port, proc, name)
             except (OSError, McpError, http.client.HTTPException) as exc:
                 if not proc.alive() or time.monotonic() > deadline:
                     raise RuntimeError(f"peer {name} did not answer: {exc}\n{proc.log_tail(5)}") from exc

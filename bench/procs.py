@@ -214,12 +214,11 @@ def start_http_fixture(name: str, spec: FixtureSpec, workdir: Path) -> HttpFixtu
 
 
 @dataclass
-class Gateway:
-    """A running gateway process."""
+class Served:
+    """A process serving MCP at http://127.0.0.1:PORT/mcp."""
 
     port: int
     proc: Proc
-    config_path: Path
 
     @property
     def url(self) -> str:
@@ -228,6 +227,13 @@ class Gateway:
     @property
     def pid(self) -> int:
         return self.proc.pid
+
+
+@dataclass
+class Gateway(Served):
+    """A running gateway process."""
+
+    config_path: Path
 
 
 def write_gateway_config(servers: dict[str, dict[str, Any]], path: Path) -> Path:

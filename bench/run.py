@@ -691,11 +691,7 @@ class Bench:
     def twenty_phase(self) -> None:
         """Startup with 20 stdio upstreams, idle RSS, 1000 sessions, tools/list of 1000 and of 10,000 merged tools."""
         p = self.plan
-        spec = FixtureSpec(tools=p.tools_per_upstream - 1)
-        names = [f"u{i:02d}" for i in range(1, p.upstreams + 1)]
-        servers = {n: {**spec.stdio_server(), "startup_timeout": 60} for n in names}
-        tool_names = ["echo", *(f"tool_{i:04d}" for i in range(1, p.tools_per_upstream))]
-        expected = {f"{n}__{t}" for n in names for t in tool_names}
+        spec, servers, expected = stdio_fleet("u", p.upstreams, p.tools_per_upstream, startup_timeout=60)
         total = len(expected)
 
         self.log(f"startup: {p.upstreams} stdio upstreams of {p.tools_per_upstream} tools, {p.startup_rounds} rounds")
@@ -757,11 +753,7 @@ class Bench:
     def big_listing(self) -> None:
         """tools/list of 10,000 merged tools (20 stdio fixtures of 500) against one direct 10,000-tool listing."""
         p = self.plan
-        spec = FixtureSpec(tools=p.big_list_tools_per_upstream - 1)
-        names = [f"b{i:02d}" for i in range(1, p.upstreams + 1)]
-        servers = {n: {**spec.stdio_server(), "startup_timeout": 120} for n in names}
-        tool_names = ["echo", *(f"tool_{i:04d}" for i in range(1, p.big_list_tools_per_upstream))]
-        expected = {f"{n}__{t}" for n in names for t in tool_names}
+        _, servers, expected = stdio_fleet("b", p.upstreams, p.big_list_tools_per_upstream, startup_timeout=120)
         total = len(expected)
         self.log(f"tools/list: {total} merged tools ({p.upstreams} stdio upstreams) vs one direct {total}-tool listing")
         gw = self.gateway(servers, "big-listing")
@@ -929,6 +921,18 @@ class Bench:
             "extra": self.extra,
             "runs": self.runs,
         }
+
+
+def stdio_fleet(
+    prefix: str, upstreams: int, tools_each: int, startup_timeout: float
+) -> tuple[FixtureSpec, dict[str, dict[str, Any]], set[str]]:
+    """`upstreams` stdio fixtures of `tools_each` tools named PREFIX01...: the fixture, the gateway's servers,
+    and every public tool name the gateway should list."""
+    spec = FixtureSpec(tools=tools_each - 1)
+    names = [f"{prefix}{i:02d}" for i in range(1, upstreams + 1)]
+    servers = {n: {**spec.stdio_server(), "startup_timeout": startup_timeout} for n in names}
+    tool_names = ["echo", *(f"tool_{i:04d}" for i in range(1, tools_each))]
+    return spec, servers, {f"{n}__{t}" for n in names for t in tool_names}
 
 
 def _child_pid(pid: int) -> int | None:
