@@ -29,6 +29,7 @@ from starlette.routing import BaseRoute, Route
 
 from gateway.access import OAuthConfig, OAuthRule, scopes_of
 from gateway.logs import get_logger
+from gateway.oauthmeta import metadata_urls
 
 log = get_logger("oauth")
 Json = dict[str, Any]
@@ -170,14 +171,8 @@ class Keys:
     async def _discover(self) -> str:
         """The issuer's `jwks_uri`, from its authorization server metadata (RFC 8414) or OpenID configuration."""
         issuer = self.config.issuer
-        parts = urlsplit(issuer)
-        origin, path = f"{parts.scheme}://{parts.netloc}", parts.path.rstrip("/")
-        places = [
-            f"{origin}/.well-known/oauth-authorization-server{path}",
-            f"{issuer.rstrip('/')}/.well-known/openid-configuration",
-        ]
         problems = []
-        for url in places:
+        for url in metadata_urls(issuer):
             try:
                 metadata = await self._fetch_json(url)
             except (OSError, httpx2.HTTPError, ValueError) as e:

@@ -32,6 +32,7 @@ from gateway.admin.store.memory import MemoryStore
 from gateway.credentials import OAuthParams
 from gateway.logs import get_logger
 from gateway.metrics import Metrics
+from gateway.oauthmeta import metadata_urls
 from gateway.sealing import Sealer, SealError
 from gateway.upstream.errors import NoToken
 
@@ -344,12 +345,7 @@ class BearerAuth(httpx2.Auth):
 async def discover(issuer: str, transport: httpx2.AsyncBaseTransport | None = None) -> Json:
     """The issuer's authorization server metadata (RFC 8414), else its OpenID configuration; it must name the issuer.
     Raises `NoToken`."""
-    parts = urlsplit(issuer)
-    origin, path = f"{parts.scheme}://{parts.netloc}", parts.path.rstrip("/")
-    places = [
-        f"{origin}/.well-known/oauth-authorization-server{path}",
-        f"{issuer.rstrip('/')}/.well-known/openid-configuration",
-    ]
+    places = metadata_urls(issuer)
     problems = []
     async with httpx2.AsyncClient(timeout=TIMEOUT, follow_redirects=False, transport=transport) as http:
         for url in places:

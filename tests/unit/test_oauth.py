@@ -17,6 +17,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from gateway.access import AuthConfig, EndpointSpec, OAuthConfig, scopes_of, views_for
 from gateway.config import ConfigError
 from gateway.downstream.oauth import Keys, Refusal, ResourceServer
+from gateway.oauthmeta import metadata_urls
 from gateway.settings import build_settings
 
 pytestmark = pytest.mark.anyio
@@ -337,3 +338,14 @@ def test_metadata_documents() -> None:
     assert rs.metadata("reader")["resource"] == f"{RESOURCE}/reader"
     assert rs.metadata_url("reader") == "https://gw.example.com/.well-known/oauth-protected-resource/mcp/reader"
     assert rs.metadata_url("unknown") == "https://gw.example.com/.well-known/oauth-protected-resource/mcp"
+
+
+def test_metadata_is_looked_for_where_rfc_8414_then_openid_put_it() -> None:
+    assert metadata_urls("https://id.example.com/realms/acme/") == [
+        "https://id.example.com/.well-known/oauth-authorization-server/realms/acme",
+        "https://id.example.com/realms/acme/.well-known/openid-configuration",
+    ]
+    assert metadata_urls("http://127.0.0.1:9000") == [
+        "http://127.0.0.1:9000/.well-known/oauth-authorization-server",
+        "http://127.0.0.1:9000/.well-known/openid-configuration",
+    ]
