@@ -50,6 +50,8 @@ from typing import Any
 
 import yaml
 
+from tests.fixtures.servers import stop_group
+
 ROOT = Path(__file__).resolve().parents[1]
 NODE_MODULES = ROOT / "tests" / "thirdparty" / "node_modules"
 SUITE_DIR = NODE_MODULES / "@modelcontextprotocol" / "conformance"
@@ -383,14 +385,7 @@ def running_fixture(
             yield f"{base}/mcp"
         finally:
             if proc.poll() is None:
-                with suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(5)
-                except subprocess.TimeoutExpired:
-                    with suppress(ProcessLookupError):
-                        os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait(5)
+                stop_group(proc)
 
 
 # --------------------------------------------------------------------------- CLI
