@@ -21,21 +21,30 @@ Exposure = Literal["direct", "deferred"]
 MayAdd = Literal["none", "http", "stdio"]
 
 
-class TokenSpec(BaseModel):
-    """One API token: its secret (`token`, usually `${ENV}`, or `sha256`) and its scope."""
+class Grant(BaseModel):
+    """What an API token or an OAuth access rule grants: its name and the scope of its view."""
 
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-    token: SecretStr | None = None
-    sha256: str | None = Field(None, pattern=r"^[0-9a-fA-F]{64}$")
     servers: list[str] = Field(default_factory=lambda: ["*"])
     tools: list[str] = Field(default_factory=lambda: ["*"])
     gated: GatedPolicy = "allow"
-    rate: float | None = Field(None, gt=0, description="requests per second")
+    rate: float | None = Field(None, gt=0, description="requests per second (for a rule: for each subject)")
     burst: int | None = Field(None, ge=1)
     may_add: MayAdd = "none"
     exposure: Exposure | None = None
+
+    def view(self) -> View:
+        """The view this grants."""
+        return View(self.name, tuple(self.servers), tuple(self.tools), self.gated, self.may_add, exposure=self.exposure)
+
+
+class TokenSpec(Grant):
+    """One API token: its secret (`token`, usually `${ENV}`, or `sha256`) and its scope."""
+
+    token: SecretStr | None = None
+    sha256: str | None = Field(None, pattern=r"^[0-9a-fA-F]{64}$")
     may_offer: list[str] = Field(default_factory=list, description="server names (or globs) it may offer as a worker")
     trusted_worker: bool = False
 
@@ -89,20 +98,10 @@ def http_url_problem(url: str, what: str) -> str | None:
     return None
 
 
-class OAuthRule(BaseModel):
+class OAuthRule(Grant):
     """One access rule: the claims a token must carry (`when`) and the view its bearer gets."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
     when: dict[str, ClaimValue | list[ClaimValue]] = Field(default_factory=dict)
-    servers: list[str] = Field(default_factory=lambda: ["*"])
-    tools: list[str] = Field(default_factory=lambda: ["*"])
-    gated: GatedPolicy = "allow"
-    rate: float | None = Field(None, gt=0, description="requests per second, for each subject")
-    burst: int | None = Field(None, ge=1)
-    may_add: MayAdd = "none"
-    exposure: Exposure | None = None
 
     def matches(self, claims: Mapping[str, Any]) -> bool:
         """Whether a token with these claims meets every condition of `when` (each key: any of its values)."""
@@ -319,11 +318,6 @@ class View:
 OPEN_VIEW = View("anonymous")
 
 
-def view_of_rule(rule: OAuthRule) -> View:
-    """The view a rule grants."""
-    return View(rule.name, tuple(rule.servers), tuple(rule.tools), rule.gated, rule.may_add, exposure=rule.exposure)
-
-
 def views_for(
     tokens: Iterable[TokenSpec],
     endpoints: Mapping[str, EndpointSpec] | None = None,
@@ -331,7 +325,6 @@ def views_for(
 ) -> list[View]:
     """One view per token and per OAuth rule (the open view when there are neither), and each of them at each
     endpoint."""
-    views = [View(t.name, tuple(t.servers), tuple(t.tools), t.gated, t.may_add, exposure=t.exposure) for t in tokens]
-    views += [view_of_rule(rule) for rule in rules]
+    views = [grant.view() for grant in (*tokens, *rules)]
     views = views or [OPEN_VIEW]
     return views + [view.at(name, spec) for name, spec in (endpoints or {}).items() for view in views]
