@@ -223,6 +223,10 @@ class Sessions:
         self.prune()
         return len(self._by_id)
 
+    def full(self, limit: int) -> bool:
+        """Whether `limit` sessions are open (the records are pruned only when they reach it)."""
+        return len(self._by_id) >= limit and self.count() >= limit
+
     def pushers(self) -> Iterator[tuple[str, Any]]:
         """(view, SDK session) of every live session that can be sent change notices."""
         self.prune()

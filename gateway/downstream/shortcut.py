@@ -171,7 +171,7 @@ class Shortcut:
             return False
         sessions = self.frontend.sessions
         limit = self.frontend.server.session_manager.max_sessions
-        if limit is not None and sessions.count() >= limit:
+        if limit is not None and sessions.full(limit):
             body = b'{"jsonrpc":"2.0","id":null,"error":{"code":-32603,"message":"Too many open sessions"}}'
             await _reply(send, 503, body, None)
             return True
