@@ -5,11 +5,12 @@ from __future__ import annotations
 import signal
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from typing import Any
 
 import anyio
 from starlette.applications import Starlette
 from starlette.routing import BaseRoute, Mount, WebSocketRoute
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.access import views_for
 from gateway.admin.api import admin_routes
@@ -27,6 +28,23 @@ from gateway.settings import FILE_KEYS, Settings
 from gateway.upstream.dialin import WorkerDoor
 
 log = get_logger("app")
+
+
+class GatewayApp(Starlette):
+    """Starlette with a front door: requests for `/mcp` (and `/mcp/ENDPOINT`) go straight to the gate, past the
+    router's walk over every probe, admin and metadata route and its error-handling layers (uvicorn answers 500
+    for an exception there, as those layers would); everything else is routed as usual."""
+
+    def __init__(self, gate: ASGIApp, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._gate = gate
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and (scope["path"] == "/mcp" or scope["path"].startswith("/mcp/")):
+            scope["app"] = self
+            await self._gate(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
 
 
 def build_app(settings: Settings, config: FileConfig, environ: Mapping[str, str] | None = None) -> Starlette:
@@ -113,7 +131,7 @@ def build_app(settings: Settings, config: FileConfig, environ: Mapping[str, str]
         routes += admin_routes(registry, runtime, settings.admin_token.get_secret_value(), reload)
     if resource_server is not None:
         routes += resource_server.routes()
-    app = Starlette(routes=[*routes, Mount("/", app=gate)], lifespan=lifespan)
+    app = GatewayApp(gate, routes=[*routes, Mount("/", app=gate)], lifespan=lifespan)
     app.state.started = False
     app.state.registry = registry
     app.state.frontend = frontend

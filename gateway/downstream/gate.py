@@ -293,18 +293,21 @@ class AuthGate:
         state = scope.setdefault("state", {})
         state[SCOPE_KEY], state[OWNER_KEY] = view, owner
 
+        if session is not None:  # nothing to watch for: the session is known
+            await self.app(scope, receive, send)
+            if scope["method"] == "DELETE":
+                self.sessions.ended(session)
+            return
         talks = asks_capabilities(scope["state"].get(MESSAGE_KEY))
 
         async def send_watching(message: Message) -> None:
-            if message["type"] == "http.response.start" and session is None:
+            if message["type"] == "http.response.start":
                 for key, value in message.get("headers", []):
                     if key.lower() == SESSION_HEADER:
                         self.sessions.opened(value.decode("latin-1"), view.name, owner, talks=talks)
             await send(message)
 
         await self.app(scope, receive, send_watching)
-        if scope["method"] == "DELETE" and session is not None:
-            self.sessions.ended(session)
 
 
 async def _read_body(receive: Receive, limit: int) -> bytes | None:

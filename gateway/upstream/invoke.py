@@ -9,12 +9,12 @@ place (`gateway.internals.sdk.channel_error`).
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-import anyio
 import mcp.types as types
 from mcp import ClientSession, MCPError
 from mcp.shared.dispatcher import ProgressFnT
@@ -106,7 +106,7 @@ class Invoker:
     def __init__(self, upstream: Upstream) -> None:
         self._up = upstream
         self._spec = upstream.spec
-        self._limiter = anyio.CapacityLimiter(upstream.spec.max_concurrent)
+        self._slots = asyncio.Semaphore(upstream.spec.max_concurrent)
         self._queued = 0
         self._ids = itertools.count(FIRST_ID)
 
@@ -144,47 +144,35 @@ class Invoker:
         session = up.session
         if session is None or up.state is not State.UP:
             raise unavailable(up.name, up.error or up.state.value)
-        if self._limiter.available_tokens < 1 and self._queued >= spec.max_queued:
+        if self._slots.locked() and self._queued >= spec.max_queued:
             raise busy(up.name, f"{spec.max_concurrent} calls in flight and {self._queued} waiting; try again later")
-        acquired = False
-        now = anyio.current_time()
+        # asyncio's own semaphore and timeout: neither yields to the loop when a slot is free (anyio's do)
+        loop = asyncio.get_running_loop()
+        now = loop.time()
         hard = now + spec.max_call_time if spec.max_call_time else math.inf
-        with anyio.CancelScope(deadline=min(now + spec.timeout, hard)) as scope:
+        deadline = asyncio.timeout_at(min(now + spec.timeout, hard))
+        acquired = False
 
-            async def on_progress(progress: float, total: float | None, message: str | None) -> None:
-                scope.deadline = min(anyio.current_time() + spec.timeout, hard)
-                if report is not None:
-                    await report(progress, total, message)
+        async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+            deadline.reschedule(min(loop.time() + spec.timeout, hard))
+            if report is not None:
+                await report(progress, total, message)
 
-            self._queued += 1
-            try:
-                await self._limiter.acquire()
-            finally:
-                self._queued -= 1
-            acquired = True
-            try:
-                channel = up.channel if lean and method == "tools/call" else None
-                if channel is not None:
-                    return self._result_of(method, await self._over_channel(session, channel, params, on_progress))
-                if method in TASK_METHODS or "task" in params:
-                    # Task results are outside the SDK's tables: sent unchecked, shape-checked here.
-                    task_id = params.get("taskId")
-                    name = task_id if isinstance(task_id, str) else None
-                    raw = await send_unchecked(session, method, params, progress=on_progress, name=name)
-                    return self._result_of(method, {"result": raw})
-                request = types.client_request_adapter.validate_python({"method": method, "params": params})
-                return self._result_of(method, {"result": await send_raw(session, request, progress=on_progress)})
-            except MCPError as e:
-                failure = channel_error(e)
-                if failure is None:
-                    raise self.classify_code(e) from None
-                if isinstance(failure, AnswerLost):
-                    up.lost()  # one interrupted answer closes the SDK's whole session: start afresh
-                raise self.classify(failure) from None
-            except ChannelError as e:
-                raise self.classify(e) from None
-            finally:
-                self._limiter.release()
+        try:
+            async with deadline:
+                self._queued += 1
+                try:
+                    await self._slots.acquire()
+                finally:
+                    self._queued -= 1
+                acquired = True
+                try:
+                    return await self._send(session, method, params, on_progress, lean)
+                finally:
+                    self._slots.release()
+        except TimeoutError:
+            if not deadline.expired():
+                raise
         if not acquired:
             raise busy(up.name, f"no free slot within the {spec.timeout:g} s timeout")
         raise CallFailed(
@@ -192,6 +180,33 @@ class Invoker:
             outcome="timeout",
             transient=True,
         )
+
+    async def _send(
+        self, session: ClientSession, method: str, params: Json, progress: ProgressFnT, lean: bool
+    ) -> Json:
+        """The request, holding a slot: over the lean channel or the SDK's session, its failures classified."""
+        up = self._up
+        try:
+            channel = up.channel if lean and method == "tools/call" else None
+            if channel is not None:
+                return self._result_of(method, await self._over_channel(session, channel, params, progress))
+            if method in TASK_METHODS or "task" in params:
+                # Task results are outside the SDK's tables: sent unchecked, shape-checked here.
+                task_id = params.get("taskId")
+                name = task_id if isinstance(task_id, str) else None
+                raw = await send_unchecked(session, method, params, progress=progress, name=name)
+                return self._result_of(method, {"result": raw})
+            request = types.client_request_adapter.validate_python({"method": method, "params": params})
+            return self._result_of(method, {"result": await send_raw(session, request, progress=progress)})
+        except MCPError as e:
+            failure = channel_error(e)
+            if failure is None:
+                raise self.classify_code(e) from None
+            if isinstance(failure, AnswerLost):
+                up.lost()  # one interrupted answer closes the SDK's whole session: start afresh
+            raise self.classify(failure) from None
+        except ChannelError as e:
+            raise self.classify(e) from None
 
     async def _over_channel(
         self, session: ClientSession, channel: Channel, params: Json, progress: ProgressFnT | None
