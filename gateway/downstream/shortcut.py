@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from functools import partial
 from typing import Any
 from uuid import uuid4
 
@@ -55,6 +54,7 @@ PARAM_HEADER_PREFIX = "mcp-param-"
 LOG_LEVEL_KEY = "io.modelcontextprotocol/logLevel"
 CAPABILITIES_KEY = "io.modelcontextprotocol/clientCapabilities"
 MAX_REMEMBERED = 1024
+WATCH_AFTER = 0.1  # seconds a call runs before its caller's connection is watched
 
 
 def _plain_id(value: Any) -> bool:
@@ -262,11 +262,10 @@ class Shortcut:
         result: Json | None = None
         failure: MCPError | None = None
         broken = False  # the gateway failed, not the call: HTTP 500 for a 2026 caller
-        # The caller going away cancels the call; the watcher is this handler's own and ends with it.
-        watcher = asyncio.get_running_loop().create_task(_disconnected(receive))
+        call_scope = anyio.CancelScope()
+        watch = DisconnectWatch(receive, call_scope)
         try:
-            with self.frontend.tracking_call(), anyio.CancelScope() as call_scope:
-                watcher.add_done_callback(partial(_cancel_unless_cancelled, call_scope))
+            with self.frontend.tracking_call(), call_scope:
                 if key is not None:
                     self._legacy_calls[key] = call_scope
                 try:
@@ -290,8 +289,7 @@ class Shortcut:
                     if key is not None and self._legacy_calls.get(key) is call_scope:
                         del self._legacy_calls[key]
         finally:
-            disconnected = watcher.done() and not watcher.cancelled()
-            watcher.cancel()  # it ends at the loop's next turn, before anything else of this request
+            disconnected = watch.stop()
         if failure is not None:
             status = 200 if not modern else 500 if broken else ERROR_CODE_HTTP_STATUS.get(failure.code, 200)
             body: Json = {"code": failure.code, "message": failure.error.message}
@@ -333,9 +331,33 @@ def _talks(meta: Json | None) -> bool:
     return asks or LOG_LEVEL_KEY in meta
 
 
-def _cancel_unless_cancelled(scope: anyio.CancelScope, watcher: asyncio.Task[None]) -> None:
-    if not watcher.cancelled():
-        scope.cancel()
+class DisconnectWatch:
+    """Cancels a call when its caller goes away. Watching takes a task reading the request's `receive`, so it
+    starts only once the call has run for `WATCH_AFTER` seconds: most calls are over sooner, and for them the
+    task would cost more than the rest of the plumbing."""
+
+    def __init__(self, receive: Receive, scope: anyio.CancelScope) -> None:
+        self._receive, self._scope = receive, scope
+        self._task: asyncio.Task[None] | None = None
+        self._timer = asyncio.get_running_loop().call_later(WATCH_AFTER, self._start)
+
+    def _start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(_disconnected(self._receive))
+        self._task.add_done_callback(self._gone)
+
+    def _gone(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled():
+            self._scope.cancel()
+
+    def stop(self) -> bool:
+        """Stop watching (the task ends at the loop's next turn); returns whether the caller went away."""
+        self._timer.cancel()
+        task = self._task
+        if task is None:
+            return False
+        gone = task.done() and not task.cancelled()
+        task.cancel()
+        return gone
 
 
 def _session_of(scope: Scope) -> str | None:
