@@ -9,6 +9,7 @@ two differ only in plumbing.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import json
@@ -341,6 +342,19 @@ async def answer_rounds(
     )
 
 
+def _account(registry: Registry, entry: Entry, outcome: str, elapsed: float, endpoint: str, request_id: Any) -> None:
+    """A forwarded call's metrics and its log line."""
+    registry.metrics.record_call(entry.server, entry.public, outcome, elapsed, endpoint)
+    log.info(
+        "tool call",
+        request_id=request_id,
+        server=entry.server,
+        tool=entry.public,
+        duration_ms=round(elapsed * 1000, 2),
+        outcome=outcome,
+    )
+
+
 async def forward_call(
     registry: Registry,
     entry: Entry,
@@ -401,15 +415,8 @@ async def forward_call(
         raise MCPError(e.code, describe(e), e.error.data) from None
     finally:
         elapsed = time.perf_counter() - started
-        registry.metrics.record_call(entry.server, entry.public, outcome, elapsed, endpoint)
-        log.info(
-            "tool call",
-            request_id=request_id,
-            server=entry.server,
-            tool=entry.public,
-            duration_ms=round(elapsed * 1000, 2),
-            outcome=outcome,
-        )
+        # counted and logged once the caller's answer is on its way: the bookkeeping stays off its latency
+        asyncio.get_running_loop().call_soon(_account, registry, entry, outcome, elapsed, endpoint, request_id)
     if relay is not None:
         await relay.drain()
     return shape_result(raw, entry, version)

@@ -33,6 +33,7 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.calls import admit, forward_call, forwardable_meta
+from gateway.catalog import Entry
 from gateway.conversations import CONVERSATION, conversation_key
 from gateway.downstream.gate import MESSAGE_KEY, owner_of, view_of
 from gateway.downstream.server import Frontend
@@ -50,7 +51,6 @@ SERVED = frozenset(
 )
 CALL_PARAMS = frozenset({"name", "arguments", "_meta"})
 LIST_PARAMS = frozenset({"_meta"})
-PARAM_HEADER_PREFIX = "mcp-param-"
 LOG_LEVEL_KEY = "io.modelcontextprotocol/logLevel"
 CAPABILITIES_KEY = "io.modelcontextprotocol/clientCapabilities"
 MAX_REMEMBERED = 1024
@@ -85,6 +85,7 @@ class Shortcut:
         self._header_verdicts: dict[tuple[str | None, str | None, str | None], bool] = {}
         self._accept_verdicts: dict[str, bool] = {}
         self._legacy_calls: dict[tuple[str, Any], anyio.CancelScope] = {}
+        self._header_bound: dict[str, tuple[Json | None, bool]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] == "/mcp":
@@ -252,7 +253,7 @@ class Shortcut:
             return False  # the SDK path words the refusal of a held tool
         if entry is not None and view.confirms(entry):
             return False  # a confirmation needs the SDK's back-channel (2025) or input rounds (2026)
-        if modern and entry is not None and (arguments or any(h.startswith(PARAM_HEADER_PREFIX) for h in headers)):
+        if modern and entry is not None and self._binds_headers(entry):
             schema = entry.input_schema
             if schema is not None and validate_mcp_param_headers(schema, arguments or {}, headers) is not None:
                 return False  # the SDK words the header mismatch
@@ -302,6 +303,18 @@ class Shortcut:
             error = {"code": REQUEST_CANCELLED, "message": "Request cancelled"}
             await _respond(send, encode(error), request_id, 200, session_id, key=b"error")
         return True
+
+    def _binds_headers(self, entry: Entry) -> bool:
+        """Whether the tool's input schema binds an argument to an `Mcp-Param-*` header (`x-mcp-header`); only
+        then has a call's headers anything to be checked against (remembered per schema)."""
+        schema = entry.input_schema
+        known = self._header_bound.get(entry.public)
+        if known is None or known[0] is not schema:
+            known = (schema, schema is not None and b'"x-mcp-header"' in encode(schema))
+            if len(self._header_bound) >= MAX_REMEMBERED * 64:
+                self._header_bound.clear()  # tools come and go: the verdicts of gone ones are let go now and then
+            self._header_bound[entry.public] = known
+        return known[1]
 
     async def _cancel(self, message: Json, version: str | None, session_id: str | None, send: Send) -> bool:
         """A 2025-era `notifications/cancelled` for a call this lane is serving: cancel it, answer 202."""

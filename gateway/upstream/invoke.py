@@ -181,9 +181,7 @@ class Invoker:
             transient=True,
         )
 
-    async def _send(
-        self, session: ClientSession, method: str, params: Json, progress: ProgressFnT, lean: bool
-    ) -> Json:
+    async def _send(self, session: ClientSession, method: str, params: Json, progress: ProgressFnT, lean: bool) -> Json:
         """The request, holding a slot: over the lean channel or the SDK's session, its failures classified."""
         up = self._up
         try:
