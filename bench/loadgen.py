@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -23,6 +24,7 @@ from bench.mcphttp import Endpoint, Session
 from bench.procs import cpu_seconds, rss_kib
 
 LUA_SCRIPT = Path(__file__).resolve().with_name("mcp.lua")
+STDIO_DRIVER = Path(__file__).resolve().with_name("stdioload.py")
 ID_DIGITS = 10  # mcp.lua numbers requests from 1_000_000_000, so every body has the same length
 
 
@@ -229,6 +231,45 @@ def run_load(
         generator_cpu_us_per_call=round(gen_cpu * 1e6 / calls, 2) if calls else 0.0,
         cpu_ms_per_call=cpu_per_call,
         rss_max_kib=rss,
+    )
+
+
+def run_stdio_load(
+    command: Sequence[str],
+    era: str,
+    method: str,
+    params: dict[str, Any] | None,
+    concurrency: int,
+    duration_s: float,
+    *,
+    expect: str | None = None,
+    warmup_s: float = 0.3,
+) -> LoadResult:
+    """Drive a stdio server called directly (stdioload.py starts it, and reports its CPU as "upstream")."""
+    cmd = [sys.executable, str(STDIO_DRIVER), "--era", era, "--concurrency", str(concurrency)]
+    cmd += ["--duration", f"{duration_s:g}", "--warmup", f"{warmup_s:g}", "--method", method]
+    cmd += ["--params", json.dumps(params or {}), *(["--expect", expect] if expect is not None else []), "--"]
+    proc = subprocess.run([*cmd, *command], capture_output=True, text=True, check=False, timeout=duration_s + 60)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("BENCHJSON ")), None)
+    if proc.returncode != 0 or line is None:
+        raise RuntimeError(f"stdioload failed (exit {proc.returncode}): {proc.stderr.strip()[-500:]}")
+    d = json.loads(line[len("BENCHJSON ") :])
+    calls, seconds, errors = int(d["calls"]), float(d["duration_s"]), int(d["errors"])
+    return LoadResult(
+        concurrency=concurrency,
+        duration_s=round(seconds, 3),
+        calls=calls,
+        calls_per_s=round(calls / seconds, 1) if seconds else 0.0,
+        p50_ms=d["p50"],
+        p90_ms=d["p90"],
+        p99_ms=d["p99"],
+        max_ms=d["max"],
+        mean_ms=round(d["mean"], 3),
+        errors=errors,
+        error_detail={"bad_answer": errors} if errors else {},
+        generator_cpu_s=round(d["driver_cpu_s"], 3),
+        generator_cpu_us_per_call=round(d["driver_cpu_s"] * 1e6 / calls, 2) if calls else 0.0,
+        cpu_ms_per_call={"upstream": round(d["upstream_cpu_s"] * 1000 / calls, 4)} if calls else {},
     )
 
 

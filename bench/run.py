@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.loadgen import LoadResult, Workload, ensure_wrk, run_load, wrk_version
+from bench.loadgen import LoadResult, Workload, ensure_wrk, run_load, run_stdio_load, wrk_version
 from bench.mcphttp import (
     ACCEPT,
     CLIENT_INFO,
@@ -123,6 +123,9 @@ class Target:
     workload: Workload | None = None
     checked_workload: Workload | None = None  # every answer's body checked: the warm-up's
     sessions: list[Session] = field(default_factory=list)
+    stdio: list[str] | None = None  # a stdio server called directly: its command, driven by stdioload.py
+    expect_text: str | None = None  # the text every stdio answer must echo
+    era: str = ""
 
     @property
     def is_direct(self) -> bool:
@@ -339,7 +342,11 @@ class Bench:
     # --- load ------------------------------------------------------------------------------------
 
     def prepare(self, target: Target, era: str, concurrency: int) -> None:
-        """Handshake (one 2025-era session per connection; 2026 needs none), check one answer, build the workload."""
+        """Handshake (one 2025-era session per connection; 2026 needs none), check one answer, build the workload.
+        A stdio target opens its server itself on every run and checks every answer."""
+        target.era = era
+        if target.stdio is not None:
+            return
         conn = Connection(target.endpoint)
         n = concurrency if era == LEGACY else 1
         target.sessions = [open_session(conn, era) for _ in range(n)]
@@ -374,6 +381,8 @@ class Bench:
             )
 
     def release(self, target: Target) -> None:
+        if target.stdio is not None:
+            return
         conn = Connection(target.endpoint)
         for s in target.sessions:
             close_session(conn, s)
@@ -381,12 +390,17 @@ class Bench:
         target.sessions = []
 
     def load(self, target: Target, concurrency: int, duration: float, checked: bool = False) -> LoadResult:
-        workload = target.checked_workload if checked else target.workload
-        assert workload is not None
-        result = run_load(self.wrk, workload, concurrency, duration, watch=target.watch)
+        if target.stdio is not None:
+            result = run_stdio_load(
+                target.stdio, target.era, target.method, target.params, concurrency, duration, expect=target.expect_text
+            )
+        else:
+            workload = target.checked_workload if checked else target.workload
+            assert workload is not None
+            result = run_load(self.wrk, workload, concurrency, duration, watch=target.watch)
+            self.calls += result.calls  # wrk's own cost per call, reported under the table
+            self.generator_cpu_s += result.generator_cpu_s
         self.errors[target.role] += result.errors
-        self.calls += result.calls
-        self.generator_cpu_s += result.generator_cpu_s
         if result.errors:
             self.log(f"    ! {target.key}: {result.errors} errors {result.error_detail}")
         time.sleep(0.1)  # lets sockets close; settle() waits at least another interval
@@ -512,6 +526,13 @@ class Bench:
             watch = {"upstream": fx[name].proc.pid}
             return Target("direct", ep, "tools/call", params, watch, check=check, check_body=name != "big")
 
+        def direct_stdio() -> Target:
+            """The stdio fixture called directly over its pipes: the baseline of the stdio rows."""
+            params = {"name": "echo", "arguments": {"text": ECHO_TEXT}}
+            return Target(
+                "direct stdio", gw_ep, "tools/call", params, {}, stdio=specs["h"].stdio_command(), expect_text=ECHO_TEXT
+            )
+
         def via(key: str, server: str, upstream_pid: int | None, check: Callable[[dict[str, Any]], None]) -> Target:
             params = {"name": f"{server}__echo", "arguments": {"text": ECHO_TEXT}}
             watch = {"gateway": gw.pid} | ({"upstream": upstream_pid} if upstream_pid else {})
@@ -541,6 +562,7 @@ class Bench:
             for c in (1, 16):
                 targets = [
                     direct("h", check_echo()),
+                    direct_stdio(),
                     via("gateway http", "h", fx["h"].proc.pid, check_echo()),
                     via("gateway stdio", "s", stdio_pid, check_echo()),
                     *via_peer("peer http", "h", check_echo()),
@@ -594,7 +616,12 @@ class Bench:
             self.stop(f.proc, grace=0)
 
     def peer_cell(
-        self, res: dict[str, list[LoadResult]], key: str, missing: str | None, added: bool = False
+        self,
+        res: dict[str, list[LoadResult]],
+        key: str,
+        missing: str | None,
+        added: bool = False,
+        direct_key: str = "direct",
     ) -> tuple[str, dict[str, Any]]:
         """The peer column of a row: its ratio to direct (or, with `added`, its added p50), or why there is none."""
         runs = res.get(key)
@@ -610,13 +637,15 @@ class Bench:
             text = f"no answer within {window:.0f} s{note}"
             if added:
                 return f"{NA} ({text})", {"peer_no_answer": True}
-            bound = runs[0].concurrency / window / median(r.calls_per_s for r in res["direct"])
+            bound = runs[0].concurrency / window / median(r.calls_per_s for r in res[direct_key])
             return f"< {bound:.2g}{X} ({text})", {"peer_no_answer": True, "peer_ratio_below": bound}
         if added:
-            value = median(p.p50_ms - d.p50_ms for d, p in zip(res["direct"], runs, strict=True))
+            value = median(p.p50_ms - d.p50_ms for d, p in zip(res[direct_key], runs, strict=True))
             p50 = median(r.p50_ms for r in runs)
             return f"+{value:.2f} ms ({p50:.2f} ms{note})", {"peer_added_ms": value, "peer_value": p50}
-        ratio = median(p.calls_per_s / d.calls_per_s for d, p in zip(res["direct"], runs, strict=True) if d.calls_per_s)
+        ratio = median(
+            p.calls_per_s / d.calls_per_s for d, p in zip(res[direct_key], runs, strict=True) if d.calls_per_s
+        )
         calls = median(r.calls_per_s for r in runs)
         shown = f"{ratio:.2f}" if ratio >= 0.1 else f"{ratio:.2g}"  # two significant digits for a tiny ratio
         return f"{shown}{X} ({calls:.0f}/s{note})", {"peer_ratio": ratio, "peer_value": calls}
@@ -626,23 +655,29 @@ class Bench:
     ) -> None:
         for key, label in (("gateway http", "HTTP"), ("gateway stdio", "stdio")):
             peer_key = key.replace("gateway", "peer")
+            # the stdio hop is compared with the same stdio server called directly; the HTTP fixture stays in the data
+            direct_key = "direct" if label == "HTTP" else "direct stdio"
             if c == 16:
                 goal = ECHO_HTTP_C16 if label == "HTTP" else ECHO_STDIO_C16
-                note = "" if label == "HTTP" else " (direct: HTTP fixture)"
-                self.throughput_row(
-                    f"echo via {label} {up}, c=16, calls/s{note} ({era})", res, key, goal, missing[label], peer_key
-                )
+                scenario = f"echo via {label} {up}, c=16, calls/s ({era})"
+                self.throughput_row(scenario, res, key, goal, missing[label], peer_key, direct_key)
             else:
-                d = [r.p50_ms for r in res["direct"]]
+                d = [r.p50_ms for r in res[direct_key]]
                 g = [r.p50_ms for r in res[key]]
                 added = median(gv - dv for dv, gv in zip(d, g, strict=True))
-                peer, peer_data = self.peer_cell(res, peer_key, missing[label], added=True)
+                peer, peer_data = self.peer_cell(res, peer_key, missing[label], added=True, direct_key=direct_key)
+                if direct_key != "direct":
+                    http = [r.p50_ms for r in res["direct"]]
+                    peer_data["added_ms_to_http_fixture"] = median(gv - hv for hv, gv in zip(http, g, strict=True))
+                    shown = f"+{added:.2f} ms (+{peer_data['added_ms_to_http_fixture']:.2f} ms over the HTTP fixture)"
+                else:
+                    shown = f"+{added:.2f} ms"
                 self.rows.append(
                     Row(
                         f"echo via {label} {up}, c=1, p50 latency ({era})",
                         f"{median(d):.2f} ms",
                         f"{median(g):.2f} ms",
-                        f"+{added:.2f} ms",
+                        shown,
                         f"≤ +{ECHO_C1_ADDED_MS:g} ms",
                         added <= ECHO_C1_ADDED_MS,
                         {
@@ -664,17 +699,23 @@ class Bench:
         goal: float,
         peer_missing: str | None = None,
         peer_key: str = "peer",
+        direct_key: str = "direct",
     ) -> None:
-        d = [r.calls_per_s for r in res["direct"]]
+        d = [r.calls_per_s for r in res[direct_key]]
         g = [r.calls_per_s for r in res[key]]
         ratio = median(gv / dv for dv, gv in zip(d, g, strict=True) if dv)
-        peer, peer_data = self.peer_cell(res, peer_key, peer_missing)
+        peer, peer_data = self.peer_cell(res, peer_key, peer_missing, direct_key=direct_key)
+        shown = f"{ratio:.2f}{X}"
+        if direct_key != "direct":
+            http = [r.calls_per_s for r in res["direct"]]
+            peer_data["ratio_to_http_fixture"] = to_http = median(gv / hv for hv, gv in zip(http, g, strict=True) if hv)
+            shown += f" ({to_http:.2f}{X} of the HTTP fixture)"
         self.rows.append(
             Row(
                 scenario,
                 f"{median(d):.0f}",
                 f"{median(g):.0f}",
-                f"{ratio:.2f}{X}",
+                shown,
                 f"≥ {goal:g}{X}",
                 ratio >= goal,
                 {
@@ -1137,14 +1178,17 @@ def markdown(report: dict[str, Any]) -> str:
         "tools written on the SDK's MCPServer, called directly and through the gateway. The peer column is "
         f"{PEER_NAME} (create_proxy, its default session strategy) in front of the same fixture, in the ratio "
         "column's terms, with its own median in brackets. The stdio rows compare the hop over a stdio upstream "
-        "with the HTTP fixture called directly. The startup baseline starts the same 20 stdio fixtures at once "
+        "with the same stdio server called directly over its pipes (bench/stdioload.py, an asyncio driver that keeps "
+        "c requests in flight and checks every answer; its figure against the HTTP fixture is in brackets). "
+        "The startup baseline starts the same 20 stdio fixtures at once "
         "without the gateway and waits for the slowest listing. Load generator (wrk + Lua): "
         f"{g['cpu_us_per_call']:.0f} µs of its own CPU per call over {g['calls']} calls.",
         *(search_markdown(report["extra"]["search"]) if "search" in report["extra"] else []),
         "",
         "Medians over the rounds, per target (CPU per call from /proc of each process: the hop is the gateway "
         "or the peer; the upstream of the stdio rows is the hop's stdio child, of the direct rows the HTTP "
-        "fixture):",
+        "fixture, of direct stdio the driver's child; the generator column is wrk's, or for direct stdio the "
+        "driver's):",
         "",
         "| scenario | era | target | calls/s | p50 ms | p99 ms | hop CPU ms/call | upstream CPU ms/call "
         "| wrk CPU µs/call |",
