@@ -54,6 +54,7 @@ LIST_PARAMS = frozenset({"_meta"})
 LOG_LEVEL_KEY = "io.modelcontextprotocol/logLevel"
 CAPABILITIES_KEY = "io.modelcontextprotocol/clientCapabilities"
 MAX_REMEMBERED = 1024
+SPLIT_BODY = 256 * 1024  # a payload this large goes out in its own write
 WATCH_AFTER = 0.1  # seconds a call runs before its caller's connection is watched
 
 
@@ -396,6 +397,15 @@ async def _respond(
     send: Send, payload: bytes, request_id: Any, status: int, session_id: str | None, key: bytes = b"result"
 ) -> None:
     """One JSON-RPC response whose result (or error) is already serialised."""
-    body = b'{"jsonrpc":"2.0","id":' + encode(request_id) + b',"' + key + b'":' + payload + b"}"
-    await send({"type": "http.response.start", "status": status, "headers": _headers(len(body), session_id)})
-    await send({"type": "http.response.body", "body": body})
+    head = b'{"jsonrpc":"2.0","id":' + encode(request_id) + b',"' + key + b'":'
+    if len(payload) < SPLIT_BODY:
+        body = head + payload + b"}"
+        await send({"type": "http.response.start", "status": status, "headers": _headers(len(body), session_id)})
+        await send({"type": "http.response.body", "body": body})
+        return
+    # a large payload is written as it is, not copied once more into one body
+    length = len(head) + len(payload) + 1
+    await send({"type": "http.response.start", "status": status, "headers": _headers(length, session_id)})
+    await send({"type": "http.response.body", "body": head, "more_body": True})
+    await send({"type": "http.response.body", "body": payload, "more_body": True})
+    await send({"type": "http.response.body", "body": b"}"})

@@ -81,23 +81,32 @@ class _Exchange:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
-    async def next_chunk(self) -> bytes | None:
-        """The next piece of the body; None at its end. Raises `AnswerLost` if the connection broke."""
+    async def _arrival(self) -> bool:
+        """Wait until more of the body is here (True) or it has ended (False). Raises `AnswerLost` if the
+        connection broke."""
         while not self.chunks:
             if self.error is not None:
                 raise self.error
             if self.complete:
-                return None
+                return False
             self._waiter = asyncio.get_running_loop().create_future()
             await self._waiter
+        return True
+
+    async def next_chunk(self) -> bytes | None:
+        """The next piece of the body; None at its end."""
+        if not await self._arrival():
+            return None
         data = b"".join(self.chunks)
         self.chunks.clear()
         return data
 
     async def read(self) -> bytes:
-        parts = []
-        while (chunk := await self.next_chunk()) is not None:
-            parts.append(chunk)
+        """The whole body, joined once."""
+        parts: list[bytes] = []
+        while await self._arrival():
+            parts += self.chunks
+            self.chunks.clear()
         return b"".join(parts)
 
 
