@@ -63,6 +63,8 @@ def serve(settings: Settings, config: FileConfig) -> None:
         host=settings.host,
         port=settings.port,
         log_config=None,
+        access_log=False,  # every call is logged by the gateway; uvicorn's lines were built per request, then dropped
+        server_header=False,  # no `server: uvicorn` on every answer
         lifespan="on",
         timeout_graceful_shutdown=2,
         ws_max_size=settings.max_body_bytes,  # a worker's message is bounded as a request body is
