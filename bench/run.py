@@ -857,7 +857,6 @@ class Bench:
         time.sleep(2.0)
         with_sessions = rss_median(gw.pid)
         label = f"RSS with {n} open 2025-era sessions, over idle"
-        # the target for 1,000 idle sessions: +15 MiB
         self.rows.append(_added_rss_row(label, with_sessions, idle_kib, "≤ +15 MiB", 15, {"open_s": opened_s}))
         # The same sessions as an SDK client holds them: each with its GET stream open.
         streams = open_get_streams(gw, sessions)
