@@ -1,6 +1,6 @@
 """Run the whole benchmark: every figure as a ratio to calling the same fixture directly, in alternating rounds.
 
-`python -m bench` (full run, about 13-15 minutes on 2 cores), `python -m bench --quick` (smoke run, a few
+`python -m bench` (full run, about 15-16 minutes on 2 cores), `python -m bench --quick` (smoke run, a few
 minutes; its figures are not worth comparing), `python -m bench --profile` (py-spy on the gateway during the
 echo c=16 HTTP scenario). Results go to bench/results/latest.json and latest.md.
 
@@ -103,7 +103,7 @@ class Plan:
     big_list_tools_per_upstream: int = 500  # the 10,000-tool listing: `upstreams` fixtures of this many tools
 
 
-# Three rounds (four before the MCPServer and peer targets came in) keep a full run near 13-15 minutes.
+# Three rounds (four before the MCPServer and peer targets came in) keep a full run near 15-16 minutes.
 FULL = Plan("full", duration=2, warmup=1, rounds=3, list_duration=2, startup_rounds=3, sessions=1000, dummy_tools=10)
 QUICK = Plan("quick", duration=1, warmup=1, rounds=1, list_duration=1, startup_rounds=1, sessions=1000, dummy_tools=10)
 
