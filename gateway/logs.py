@@ -73,7 +73,6 @@ class LineWriter:
         self._waiting: list[str] = []
         self._turn: asyncio.AbstractEventLoop | None = None  # the loop whose turn ends with a flush
         self._lock = threading.Lock()
-        atexit.register(self.flush)
 
     def msg(self, message: str) -> None:
         """Write a line at the end of the loop's turn, or now off the loop."""
@@ -115,6 +114,9 @@ class LineWriter:
     warning = warn = error = err = critical = exception = fatal = now
 
 
+_writer: LineWriter | None = None  # the writer `configure` set up last
+
+
 class _Handler(logging.Handler):
     """The stdlib's records (uvicorn's, the SDK's) through the same writer, in order with structlog's lines."""
 
@@ -139,7 +141,12 @@ def configure(level: str = "info", fmt: str = "auto") -> None:
         else structlog.dev.ConsoleRenderer(colors=False)
     )
     numeric = logging.getLevelNamesMapping()[level.upper()]
-    writer = LineWriter(sys.stderr)
+    global _writer
+    if _writer is not None:  # configured again: the old writer's lines go out now, and exit waits for the new one's
+        _writer.flush()
+        atexit.unregister(_writer.flush)
+    writer = _writer = LineWriter(sys.stderr)
+    atexit.register(writer.flush)
     shared: list[Any] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
