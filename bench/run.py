@@ -520,11 +520,16 @@ class Bench:
             self.extra["rss_calls_gateway_idle_kib"] = rss_kib(gw.pid)
         gw_ep = Endpoint.parse(gw.url)
 
+        def large(server: str) -> bool:
+            """Whether the server is the 1 MiB fixture (under either name): wrk checks none of its bodies in the
+            measured runs (the warm-up checks every one)."""
+            return server in ("big", "big25")
+
         def direct(name: str, check: Callable[[dict[str, Any]], None]) -> Target:
             ep = Endpoint.parse(fx[name].url)
             params = {"name": "echo", "arguments": {"text": ECHO_TEXT}}
             watch = {"upstream": fx[name].proc.pid}
-            return Target("direct", ep, "tools/call", params, watch, check=check, check_body=name != "big")
+            return Target("direct", ep, "tools/call", params, watch, check=check, check_body=not large(name))
 
         def direct_stdio() -> Target:
             """The stdio fixture called directly over its pipes: the baseline of the stdio rows."""
@@ -536,9 +541,7 @@ class Bench:
         def via(key: str, server: str, upstream_pid: int | None, check: Callable[[dict[str, Any]], None]) -> Target:
             params = {"name": f"{server}__echo", "arguments": {"text": ECHO_TEXT}}
             watch = {"gateway": gw.pid} | ({"upstream": upstream_pid} if upstream_pid else {})
-            # both servers of the 1 MiB fixture answer 1 MiB: wrk checks no body of theirs in the measured runs
-            large = server in ("big", "big25")
-            return Target(key, gw_ep, "tools/call", params, watch, check=check, check_body=not large)
+            return Target(key, gw_ep, "tools/call", params, watch, check=check, check_body=not large(server))
 
         def via_peer(key: str, server: str, check: Callable[[dict[str, Any]], None]) -> list[Target]:
             """The peer's target in front of `server` (it proxies that one upstream: tools keep their names)."""
@@ -550,7 +553,9 @@ class Bench:
             upstream_pid = fx[server].proc.pid if server in fx else _child_pid(p.pid)
             watch = {"gateway": p.pid} | ({"upstream": upstream_pid} if upstream_pid else {})
             return [
-                Target(key, Endpoint.parse(p.url), "tools/call", params, watch, check=check, check_body=server != "big")
+                Target(
+                    key, Endpoint.parse(p.url), "tools/call", params, watch, check=check, check_body=not large(server)
+                )
             ]
 
         def missing(server: str) -> str | None:
