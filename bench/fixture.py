@@ -14,9 +14,9 @@ Two kinds of server with the same tools:
   stdio transport (`run_stdio_async`). Its `echo` is declared `-> str`, so its answers carry the text twice,
   as content and as structured content (`{"result": ...}`), as any such server's do.
 
-Both serve HTTP answers as plain JSON bodies (`json_response=True`) with the Host/Origin check off (loopback
-only), and run uvicorn without access logs, on uvloop and httptools when they are installed (stdio runs on
-uvloop too).
+Over HTTP, ``lowlevel`` answers with plain JSON bodies (`json_response=True`) and ``mcpserver`` with the
+SDK's default, an event stream per answer. Both have the Host/Origin check off (loopback only), and run
+uvicorn without access logs, on uvloop and httptools when they are installed (stdio runs on uvloop too).
 
 - ``--tools N``: N dummy tools besides ``echo`` (``tool_0001`` ...), so the listing has N + 1 tools.
 - ``--sleep-ms MS``: ``echo`` sleeps that long before answering.
@@ -128,13 +128,14 @@ def build_mcpserver(name: str, n_tools: int, sleep_ms: float, result_bytes: int)
     return mcp
 
 
-def http_app(server: Server[Any] | MCPServer[Any], host: str) -> Starlette:
-    """The streamable HTTP app at /mcp: JSON answers, no Host/Origin check, no session limits."""
+def http_app(server: Server[Any] | MCPServer[Any], host: str, *, sse: bool) -> Starlette:
+    """The streamable HTTP app at /mcp: answers as JSON bodies or (`sse`, the SDK's default) as event streams,
+    no Host/Origin check, no session limits."""
     from mcp.server.transport_security import TransportSecuritySettings
 
     return server.streamable_http_app(
         streamable_http_path="/mcp",
-        json_response=True,
+        json_response=not sse,
         transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
         host=host,
         session_idle_timeout=None,
@@ -225,13 +226,13 @@ def main() -> None:
     if args.kind == "mcpserver":
         mcp = build_mcpserver(args.name, args.tools, args.sleep_ms, args.result_bytes)
         if args.transport == "http":
-            serve_http(http_app(mcp, args.host), args.host, args.port)
+            serve_http(http_app(mcp, args.host, sse=True), args.host, args.port)
         else:
             anyio.run(mcp.run_stdio_async, backend_options=uvloop)
         return
     server = build_server(args.name, args.tools, args.sleep_ms, args.result_bytes)
     if args.transport == "http":
-        serve_http(http_app(server, args.host), args.host, args.port)
+        serve_http(http_app(server, args.host, sse=False), args.host, args.port)
     else:
         anyio.run(serve_stdio, server, backend_options=uvloop)
 

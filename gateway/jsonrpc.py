@@ -26,7 +26,7 @@ def encode(value: Any) -> bytes:
         return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def decode(data: bytes) -> Any:
+def decode(data: bytes | bytearray) -> Any:
     """Parsed JSON, integers past 64 bits kept exact. Raises `ValueError` for text that is not JSON.
 
     orjson reads such an integer as a float; a float that large sends the text to the standard

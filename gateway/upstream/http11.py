@@ -194,16 +194,39 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
 
 
-def _sse_events(buffer: bytearray) -> list[bytes]:
-    """Take complete SSE events' data fields off the front of `buffer` (CRLF already folded to LF)."""
-    out = []
-    while (end := buffer.find(b"\n\n")) >= 0:
-        event = bytes(buffer[:end])
-        del buffer[: end + 2]
-        data = [line[5:].removeprefix(b" ") for line in event.split(b"\n") if line.startswith(b"data:")]
-        if data:
-            out.append(b"\n".join(data))
-    return out
+class SseEvents:
+    """The data of a server-sent event stream's events, taken as the stream's chunks arrive.
+
+    Lines end in LF or CRLF. Each byte is looked at once: a 1 MiB answer on one `data:` line costs one
+    copy out of the buffer, not one per chunk that brought it.
+    """
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+        self._scanned = 0  # where the search for the next line end resumes
+        self._data: list[bytearray] = []
+
+    def feed(self, chunk: bytes) -> list[bytes | bytearray]:
+        """Add a chunk; returns the data of the events it completed, in order."""
+        buffer = self._buffer
+        buffer += chunk
+        events: list[bytes | bytearray] = []
+        start = 0
+        while (newline := buffer.find(b"\n", self._scanned)) >= 0:
+            end = newline - 1 if newline > start and buffer[newline - 1] == 13 else newline
+            if end == start:
+                if self._data:
+                    events.append(self._data[0] if len(self._data) == 1 else b"\n".join(self._data))
+                    self._data = []
+            elif buffer.startswith(b"data:", start):
+                value = start + 5
+                if value < end and buffer[value] == 32:
+                    value += 1
+                self._data.append(buffer[value:end])
+            start = self._scanned = newline + 1
+        del buffer[:start]  # cheap: a bytearray drops its front without moving the rest
+        self._scanned = len(buffer)
+        return events
 
 
 @cache
@@ -396,16 +419,9 @@ class HttpWire:
     async def _stream(
         self, exchange: _Exchange, request_id: Any, progress: ProgressFnT | None, headers: Mapping[str, str]
     ) -> Json:
-        buffer = bytearray()
-        carry_cr = False
+        events = SseEvents()
         while (chunk := await exchange.next_chunk()) is not None:
-            if carry_cr:
-                chunk = b"\r" + chunk
-            carry_cr = chunk.endswith(b"\r")
-            if carry_cr:
-                chunk = chunk[:-1]
-            buffer += chunk.replace(b"\r\n", b"\n")
-            for data in _sse_events(buffer):
+            for data in events.feed(chunk):
                 try:
                     message = decode(data)
                 except ValueError:

@@ -189,7 +189,7 @@ class LineSplitter:
         first, *middle, rest = chunk.split(b"\n")
         lines = []
         if not self._skipping and self._size + len(first) <= self.limit:
-            lines.append(b"".join(self._parts) + first if self._parts else first)
+            lines.append(b"".join((*self._parts, first)) if self._parts else first)  # one copy
         elif not self._skipping:
             self.dropped += 1
         self._parts, self._size, self._skipping = [], 0, False

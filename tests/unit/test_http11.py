@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from gateway.upstream.errors import AnswerLost, BadAnswer, HttpStatus, NotSent, SessionExpired
-from gateway.upstream.http11 import HttpWire, _sse_events
+from gateway.upstream.http11 import HttpWire, SseEvents
 
 Script = Callable[[bytes], list[bytes] | None]
 CLOSE = b"<close the connection>"
@@ -225,9 +225,24 @@ async def test_a_refused_connection_was_not_sent() -> None:
 
 
 def test_sse_event_parsing_takes_only_complete_events() -> None:
-    buffer = bytearray(b'data: {"a":1}\n\nid: 3\ndata: {"b":\ndata: 2}\n\n: comment\n\ndata: {"c"')
-    assert _sse_events(buffer) == [b'{"a":1}', b'{"b":\n2}']
-    assert bytes(buffer) == b'data: {"c"'
+    stream = b'data: {"a":1}\n\nid: 3\ndata: {"b":\ndata: 2}\n\n: comment\n\ndata: {"c"'
+    events = SseEvents()
+    assert events.feed(stream) == [b'{"a":1}', b'{"b":\n2}']
+    assert events.feed(b":3}\n") == []
+    assert events.feed(b"\n") == [b'{"c":3}']
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 4096])
+def test_sse_events_are_the_same_however_the_stream_is_cut(size: int) -> None:
+    big = b"x" * 10_000
+    stream = (
+        b"event: message\r\ndata: " + big + b"\r\n\r\n"
+        b"data:no-space\r\ndata:  two spaces\n\r\n"
+        b"retry: 5\n\ndata: last\n\n"
+    )
+    events = SseEvents()
+    seen = [bytes(e) for i in range(0, len(stream), size) for e in events.feed(stream[i : i + size])]
+    assert seen == [big, b"no-space\n two spaces", b"last"]
 
 
 async def test_an_oversized_answer_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
