@@ -39,7 +39,7 @@ from gateway.logs import get_logger
 from gateway.metrics import Metrics
 from gateway.upstream.asks import Callers
 from gateway.upstream.errors import State, describe
-from gateway.upstream.http11 import HttpWire, uses_proxy
+from gateway.upstream.http11 import MAX_ANSWER, HttpWire, uses_proxy
 from gateway.upstream.invoke import Channel, Invoker
 from gateway.upstream.offers import NONE, Offers, list_offers
 from gateway.upstream.stdio import DirectChannel, stdio_transport
@@ -294,7 +294,8 @@ class Upstream:
                     event_hooks=hooks,
                     auth=BearerAuth(bearer) if bearer is not None else None,
                 ) as http,
-                streamable_http_client(url, http_client=http) as streams,
+                # an answer as large as the lean channel takes (the SDK stops at 1 MiB per event)
+                streamable_http_client(url, http_client=http, max_sse_event_size=MAX_ANSWER) as streams,
             ):
                 yield streams
         finally:
