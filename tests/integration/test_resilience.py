@@ -56,9 +56,10 @@ async def test_kill_mid_call_fails_that_call_only_and_the_server_comes_back(tmp_
             assert results["other__slow"].content[0].text == "slept"
 
             # Down: fx's tools vanish and the client is told; back up: they return and it is told again.
-            seen = await changes.wait_beyond(seen)
-            await client.wait_for(lambda n: "fx__slow" in n, timeout=20)
+            # Both notices may already have arrived while `other__slow` finished, so count from before the kill.
             await changes.wait_beyond(seen)
+            await client.wait_for(lambda n: "fx__slow" in n, timeout=20)
+            await changes.wait_beyond(seen + 1)
             assert (await client.call("fx__echo", {"text": "back"})).content[0].text == "back"
             assert len(upstream_pids(gw, "fx")) == 2
 
