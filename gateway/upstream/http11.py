@@ -10,6 +10,7 @@ else (negotiation, listings, listen streams, GET streams) stays on the SDK's ses
 from __future__ import annotations
 
 import asyncio
+import re
 import ssl
 import time
 from collections.abc import Callable, Mapping
@@ -194,20 +195,41 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
 
 
+_LONE_CR = re.compile(rb"\r(?!\n)")
+
+
+def _has_lone_cr(chunk: bytes) -> bool:
+    """Whether a CR in `chunk` is not followed by an LF (a chunk's last byte counts as lone)."""
+    at = chunk.find(b"\r")
+    while at >= 0:
+        if chunk[at + 1 : at + 2] != b"\n":
+            return True
+        at = chunk.find(b"\r", at + 2)
+    return False
+
+
 class SseEvents:
     """The data of a server-sent event stream's events, taken as the stream's chunks arrive.
 
-    Lines end in LF or CRLF. Each byte is looked at once: a 1 MiB answer on one `data:` line costs one
-    copy out of the buffer, not one per chunk that brought it.
+    Lines end in LF, CRLF or a lone CR. Each byte is looked at once: a 1 MiB answer on one `data:` line
+    costs one copy out of the buffer, not one per chunk that brought it.
     """
 
     def __init__(self) -> None:
         self._buffer = bytearray()
         self._scanned = 0  # where the search for the next line end resumes
         self._data: list[bytearray] = []
+        self._after_cr = False  # the last chunk ended in a CR, already taken as a line end
 
     def feed(self, chunk: bytes) -> list[bytes | bytearray]:
         """Add a chunk; returns the data of the events it completed, in order."""
+        if not chunk:
+            return []
+        if self._after_cr and chunk[:1] == b"\n":
+            chunk = chunk[1:]
+        self._after_cr = chunk[-1:] == b"\r"
+        if _has_lone_cr(chunk):
+            chunk = _LONE_CR.sub(b"\n", chunk)
         buffer = self._buffer
         buffer += chunk
         events: list[bytes | bytearray] = []

@@ -82,12 +82,13 @@ async def test_json_answer_and_headers_sent() -> None:
         assert header in sent
 
 
-async def test_sse_answer_relays_progress_across_split_chunks() -> None:
+@pytest.mark.parametrize("eol", [b"\r\n", b"\n", b"\r"], ids=["crlf", "lf", "cr"])
+async def test_sse_answer_relays_progress_across_split_chunks(eol: bytes) -> None:
     stream = (
         b'event: message\r\ndata: {"jsonrpc":"2.0","method":"notifications/progress",'
         b'"params":{"progressToken":7,"progress":1,"total":2}}\r\n\r\n'
         b'event: message\r\ndata: {"jsonrpc":"2.0","id":7,"result":{"content":[{"type":"text","text":"ok"}]}}\r\n\r\n'
-    )
+    ).replace(b"\r\n", eol)
     head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
     pieces = [head]
     for i in range(0, len(stream), 37):  # odd-sized chunks split lines, CRLFs and JSON
@@ -243,6 +244,24 @@ def test_sse_events_are_the_same_however_the_stream_is_cut(size: int) -> None:
     events = SseEvents()
     seen = [bytes(e) for i in range(0, len(stream), size) for e in events.feed(stream[i : i + size])]
     assert seen == [big, b"no-space\n two spaces", b"last"]
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 4096])
+def test_a_lone_cr_ends_a_line_and_a_crlf_cut_between_chunks_ends_one(size: int) -> None:
+    big = b"y" * 5_000
+    stream = b"data: " + big + b"\r\rdata: a\rdata: b\r\n\r\ndata: c\n\rdata: d\r\n\n"
+    events = SseEvents()
+    seen = [bytes(e) for i in range(0, len(stream), size) for e in events.feed(stream[i : i + size])]
+    assert seen == [big, b"a\nb", b"c", b"d"]
+
+
+def test_an_event_ended_by_lone_crs_is_taken_without_waiting_for_more() -> None:
+    events = SseEvents()
+    assert events.feed(b'data: {"a":1}\r') == []
+    assert events.feed(b"") == []
+    assert events.feed(b"\r") == [b'{"a":1}']
+    assert events.feed(b"data: x\r") == []
+    assert events.feed(b"\ndata: y\n\n") == [b"x\ny"], "the LF after a chunk's last CR ends no line of its own"
 
 
 async def test_an_oversized_answer_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
