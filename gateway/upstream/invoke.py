@@ -15,6 +15,7 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
+import anyio
 import mcp.types as types
 from mcp import ClientSession, MCPError
 from mcp.shared.dispatcher import ProgressFnT
@@ -55,6 +56,52 @@ class Channel(Protocol):
     async def notify(self, message: Json, headers: Mapping[str, str]) -> None:
         """Send a notification; failures are ignored."""
         ...
+
+
+class Deadline(Protocol):
+    """A call's deadline, moved on by progress; `asyncio.timeout_at` is one."""
+
+    def reschedule(self, when: float | None) -> None:
+        """Move the deadline to loop time `when`."""
+        ...
+
+    def expired(self) -> bool:
+        """Whether the deadline ran out (and the block was cancelled for it)."""
+        ...
+
+    async def __aenter__(self) -> Any: ...
+
+    async def __aexit__(self, *exc_info: Any) -> bool | None: ...
+
+
+class ScopeDeadline:
+    """A deadline on an anyio cancel scope, raising `TimeoutError` as `asyncio.timeout_at` does.
+
+    For requests through the SDK's session. The SDK sends its `notifications/cancelled` from the cancelled task,
+    under a shield. A shield holds off anyio cancellations but not a native `Task.cancel`, which is how
+    `asyncio.timeout` cancels; so when something else cancelled the call first (a held call's end, a caller gone)
+    and the timeout ran out while that notice was being written, the notice was lost and the server went on.
+    """
+
+    def __init__(self, when: float) -> None:
+        self._scope = anyio.CancelScope(deadline=when)
+
+    def reschedule(self, when: float | None) -> None:
+        """Move the deadline to loop time `when` (None: no deadline)."""
+        self._scope.deadline = math.inf if when is None else when
+
+    def expired(self) -> bool:
+        """Whether the deadline ran out and cancelled the block."""
+        return self._scope.cancelled_caught
+
+    async def __aenter__(self) -> ScopeDeadline:
+        self._scope.__enter__()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> bool:
+        if self._scope.__exit__(*exc_info):
+            raise TimeoutError
+        return False
 
 
 async def send_raw(
@@ -146,11 +193,13 @@ class Invoker:
             raise unavailable(up.name, up.error or up.state.value)
         if self._slots.locked() and self._queued >= spec.max_queued:
             raise busy(up.name, f"{spec.max_concurrent} calls in flight and {self._queued} waiting; try again later")
+        channel = up.channel if lean and method == "tools/call" else None
         # asyncio's own semaphore and timeout: neither yields to the loop when a slot is free (anyio's do)
         loop = asyncio.get_running_loop()
         now = loop.time()
         hard = now + spec.max_call_time if spec.max_call_time else math.inf
-        deadline = asyncio.timeout_at(min(now + spec.timeout, hard))
+        first = min(now + spec.timeout, hard)
+        deadline: Deadline = asyncio.timeout_at(first) if channel is not None else ScopeDeadline(first)
         acquired = False
 
         async def on_progress(progress: float, total: float | None, message: str | None) -> None:
@@ -167,7 +216,7 @@ class Invoker:
                     self._queued -= 1
                 acquired = True
                 try:
-                    return await self._send(session, method, params, on_progress, lean)
+                    return await self._send(session, channel, method, params, on_progress)
                 finally:
                     self._slots.release()
         except TimeoutError:
@@ -181,11 +230,12 @@ class Invoker:
             transient=True,
         )
 
-    async def _send(self, session: ClientSession, method: str, params: Json, progress: ProgressFnT, lean: bool) -> Json:
-        """The request, holding a slot: over the lean channel or the SDK's session, its failures classified."""
+    async def _send(
+        self, session: ClientSession, channel: Channel | None, method: str, params: Json, progress: ProgressFnT
+    ) -> Json:
+        """The request, holding a slot: over the lean `channel` or the SDK's session, its failures classified."""
         up = self._up
         try:
-            channel = up.channel if lean and method == "tools/call" else None
             if channel is not None:
                 return self._result_of(method, await self._over_channel(session, channel, params, progress))
             if method in TASK_METHODS or "task" in params:
