@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
@@ -42,45 +44,49 @@ class QuietServer:
             elif wire.get("method") == "notifications/cancelled":
                 self.cancelled.append(wire["params"])
 
+    async def wait_for_cancel(self) -> None:
+        """Until a `notifications/cancelled` arrives (at most 2 s)."""
+        with anyio.fail_after(2):
+            while not self.cancelled:
+                await anyio.sleep(0.01)
 
-async def test_a_call_cancelled_from_outside_whose_deadline_runs_out_meanwhile_still_cancels_upstream() -> None:
-    # The outer scope (a held call's end, a caller gone) cancels first; the call's own deadline runs out 10 ms
-    # later, while the SDK's courtesy cancel waits for the busy pipe.
-    server = QuietServer(busy=0.2)
+
+@asynccontextmanager
+async def session_with(server: QuietServer) -> AsyncIterator[ClientSession]:
+    """A real SDK client session whose far end is `server`."""
     async with (
         anyio.create_task_group() as tg,
         ClientSession(server.from_server, server.to_server) as session,
     ):
         tg.start_soon(server.serve)
+        yield session
+        tg.cancel_scope.cancel()
+
+
+async def test_a_call_cancelled_from_outside_whose_deadline_runs_out_meanwhile_still_cancels_upstream() -> None:
+    # The outer scope (a held call's end, a caller gone) cancels first; the call's own deadline runs out 10 ms
+    # later, while the SDK's courtesy cancel waits for the busy pipe.
+    server = QuietServer(busy=0.2)
+    async with session_with(server) as session:
         now = anyio.current_time()
         with anyio.CancelScope(deadline=now + 0.1) as outer:
             deadline: Deadline = ScopeDeadline(now + 0.11)
             async with deadline:
                 await send_raw(session, CALL)
         assert outer.cancelled_caught and server.requested.is_set()
-        with anyio.fail_after(2):
-            while not server.cancelled:
-                await anyio.sleep(0.01)
+        await server.wait_for_cancel()
         assert [c["reason"] for c in server.cancelled] == ["caller cancelled"]
-        tg.cancel_scope.cancel()
 
 
 async def test_the_deadline_ends_a_silent_call_with_timeout_error_and_cancels_it_upstream() -> None:
     server = QuietServer(busy=0)
-    async with (
-        anyio.create_task_group() as tg,
-        ClientSession(server.from_server, server.to_server) as session,
-    ):
-        tg.start_soon(server.serve)
+    async with session_with(server) as session:
         deadline = ScopeDeadline(anyio.current_time() + 0.05)
         with pytest.raises(TimeoutError):
             async with deadline:
                 await send_raw(session, CALL)
         assert deadline.expired()
-        with anyio.fail_after(2):
-            while not server.cancelled:
-                await anyio.sleep(0.01)
-        tg.cancel_scope.cancel()
+        await server.wait_for_cancel()
 
 
 async def test_a_rescheduled_deadline_lets_the_block_run_on() -> None:
