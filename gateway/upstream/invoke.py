@@ -193,13 +193,13 @@ class Invoker:
             raise unavailable(up.name, up.error or up.state.value)
         if self._slots.locked() and self._queued >= spec.max_queued:
             raise busy(up.name, f"{spec.max_concurrent} calls in flight and {self._queued} waiting; try again later")
-        channel = up.channel if lean and method == "tools/call" else None
+        lean = lean and method == "tools/call"
         # asyncio's own semaphore and timeout: neither yields to the loop when a slot is free (anyio's do)
         loop = asyncio.get_running_loop()
         now = loop.time()
         hard = now + spec.max_call_time if spec.max_call_time else math.inf
         first = min(now + spec.timeout, hard)
-        deadline: Deadline = asyncio.timeout_at(first) if channel is not None else ScopeDeadline(first)
+        deadline: Deadline = asyncio.timeout_at(first) if lean and up.channel is not None else ScopeDeadline(first)
         acquired = False
 
         async def on_progress(progress: float, total: float | None, message: str | None) -> None:
@@ -216,7 +216,7 @@ class Invoker:
                     self._queued -= 1
                 acquired = True
                 try:
-                    return await self._send(session, channel, method, params, on_progress)
+                    return await self._send(session, method, params, on_progress, lean)
                 finally:
                     self._slots.release()
         except TimeoutError:
@@ -230,12 +230,12 @@ class Invoker:
             transient=True,
         )
 
-    async def _send(
-        self, session: ClientSession, channel: Channel | None, method: str, params: Json, progress: ProgressFnT
-    ) -> Json:
-        """The request, holding a slot: over the lean `channel` or the SDK's session, its failures classified."""
+    async def _send(self, session: ClientSession, method: str, params: Json, progress: ProgressFnT, lean: bool) -> Json:
+        """The request, holding a slot: over the lean channel (a plain tool call, `lean`, when the server has one)
+        or the SDK's session, its failures classified."""
         up = self._up
         try:
+            channel = up.channel if lean else None
             if channel is not None:
                 return self._result_of(method, await self._over_channel(session, channel, params, progress))
             if method in TASK_METHODS or "task" in params:
