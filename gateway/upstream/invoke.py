@@ -194,7 +194,8 @@ class Invoker:
         if self._slots.locked() and self._queued >= spec.max_queued:
             raise busy(up.name, f"{spec.max_concurrent} calls in flight and {self._queued} waiting; try again later")
         lean = lean and method == "tools/call"
-        # asyncio's own semaphore and timeout: neither yields to the loop when a slot is free (anyio's do)
+        # asyncio's own semaphore and, on a lean channel, timeout: neither yields to the loop when a slot is free
+        # (anyio's do); through the SDK's session the timeout is a cancel scope (see `ScopeDeadline`)
         loop = asyncio.get_running_loop()
         now = loop.time()
         hard = now + spec.max_call_time if spec.max_call_time else math.inf
