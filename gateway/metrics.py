@@ -42,6 +42,19 @@ class Metrics:
             ["server", "outcome"],
             registry=r,
         )
+        self.listing_failures = Counter(
+            "manifold_upstream_listing_failures",
+            "Listings (tools, prompts, resources, resourceTemplates) a connected server failed to give; the server "
+            "serves on without them",
+            ["server", "listing"],
+            registry=r,
+        )
+        self.upstream_degraded = Gauge(
+            "manifold_upstream_degraded",
+            "1 for each listing the server is serving without because it failed, by listing",
+            ["server", "listing"],
+            registry=r,
+        )
         self.conversation_instances = Gauge(
             "manifold_conversation_instances",
             "Open per-conversation connections of a server with isolation: conversation",
@@ -152,11 +165,14 @@ class Metrics:
         self.build_info.labels(__version__).set(1)
         self._children: dict[tuple[str, ...], Any] = {}  # labelled series, looked up once each
         self._servers: set[str] = set()
+        self._degraded: set[tuple[str, str]] = set()
         # Every metric with a `server` label, and its label names in order.
         self._per_server: tuple[tuple[Any, tuple[str, ...]], ...] = (
             (self.upstream_up, ("server",)),
             (self.upstream_tools, ("server",)),
             (self.upstream_connects, ("server", "outcome")),
+            (self.listing_failures, ("server", "listing")),
+            (self.upstream_degraded, ("server", "listing")),
             (self.tools_changes, ("server",)),
             (self.tools_held, ("server",)),
             (self.pin_mismatches, ("server", "mode")),
@@ -263,6 +279,18 @@ class Metrics:
     def count_worker_refusal(self, reason: str) -> None:
         """Count one worker connection refused (no name label: a refused name is the caller's text)."""
         self.worker_refusals.labels(reason).inc()
+
+    def set_listings(self, server: str, failed: Iterable[str]) -> None:
+        """Count each listing that just failed, and report exactly these as the ones the server serves without."""
+        if server not in self._servers:
+            return
+        failed = set(failed)
+        for listing in failed:
+            self.listing_failures.labels(server, listing).inc()
+        for listing in ("tools", "prompts", "resources", "resourceTemplates"):
+            if listing in failed or (server, listing) in self._degraded:
+                self.upstream_degraded.labels(server, listing).set(1 if listing in failed else 0)
+        self._degraded = {k for k in self._degraded if k[0] != server} | {(server, x) for x in failed}
 
     def count_connect(self, server: str, outcome: str) -> None:
         """Count one connection attempt by outcome, `ok` or `error` (not for a removed server)."""

@@ -25,6 +25,7 @@ from gateway.logs import get_logger
 from gateway.upstream.asks import Caller, declared
 from gateway.upstream.connection import Upstream
 from gateway.upstream.errors import CallFailed, State, describe
+from gateway.upstream.legacy import wants_legacy
 
 if TYPE_CHECKING:
     from gateway.registry import Registry
@@ -89,6 +90,8 @@ async def forward(
             async with registry.conversations.using(upstream, conversation) as own:
                 raw = await _exchange(own, method, params, caller)
         else:
+            if caller is not None and wants_legacy(upstream, version, caller.capabilities):
+                upstream = await registry.legacy.serving(upstream)
             raw = await _exchange(upstream, method, params, caller)
     except CallFailed as failure:
         log.info("request failed", server=server, method=method, reason=str(failure))
@@ -178,7 +181,8 @@ async def complete(registry: Registry, view: View, params: Json, version: str) -
         raise MCPError(types.INVALID_PARAMS, f"Unknown completion reference type: {ref.get('type')!r}")
     upstream = registry.upstreams.get(server)
     if upstream is None or not upstream.offers.has("completions"):
-        return {"completion": {"values": [], "hasMore": False}}
+        nothing: Json = {"completion": {"values": [], "hasMore": False}}
+        return shape(nothing, "completion/complete", server, upstream is not None and upstream.spec.trusted, version)
     return await forward(registry, server, "completion/complete", forwarded, version)
 
 

@@ -33,7 +33,14 @@ from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 from gateway import __version__
 from gateway.backoff import Backoff
 from gateway.config import ConfigError, ResolvedServer, ServerSpec, resolve
-from gateway.egress import Checked, EgressDenied, EgressPolicy, check_url, pinned_transport
+from gateway.egress import (
+    Checked,
+    EgressDenied,
+    EgressPolicy,
+    check_url,
+    pinned_client_factory,
+    pinned_transport,
+)
 from gateway.internals.sdk import caller_capabilities, negotiate_auto
 from gateway.logs import get_logger
 from gateway.metrics import Metrics
@@ -41,6 +48,7 @@ from gateway.upstream.asks import Callers
 from gateway.upstream.errors import State, describe
 from gateway.upstream.http11 import MAX_ANSWER, HttpWire, uses_proxy
 from gateway.upstream.invoke import Channel, Invoker
+from gateway.upstream.lenient import LenientTransport
 from gateway.upstream.offers import NONE, Offers, list_offers
 from gateway.upstream.stdio import DirectChannel, stdio_transport
 from gateway.upstream.tokens import BearerAuth, Tokens, TokenSource
@@ -211,6 +219,7 @@ class Upstream:
                     await session.initialize()
                 caller_capabilities(session)
                 offers = await self._list(session)
+                self._report_listings(offers)
                 startup.deadline = math.inf
                 await self._serve(session, offers)
         if startup.cancelled_caught:
@@ -240,11 +249,13 @@ class Upstream:
         if kind == "stdio":
             assert r.command is not None
             if self._egress is not None:
-                raise EgressDenied("runtime servers must use HTTP(S) while egress checks are on")
+                raise EgressDenied("runtime servers must use HTTP(S) (a stdio server needs runtime.stdio: true)")
             self._direct = DirectChannel() if self._fast else None
             return stdio_transport(self.name, r.command, r.args, r.env, r.cwd, self._direct)
         assert r.url is not None
-        # Each connection re-checks a runtime server's URL: DNS answers can change.
+        # Each connection re-checks the URL of a server not read from the config file: DNS answers can change.
+        if self._egress is None and self.source != "config":
+            raise EgressDenied(f"a {self.source} server connects only under the egress rules, and it was given none")
         checked = await check_url(r.url, self._egress) if self._egress is not None else None
         bearer = None
         if r.oauth is not None:
@@ -255,12 +266,15 @@ class Upstream:
                 bearer.token()
             )  # obtained at connect: a credential that cannot get one is the reason the server is down
         if kind == "sse":
+            # to the checked address, as the streamable HTTP client below (by name, DNS could answer otherwise)
+            pinned = {"httpx_client_factory": pinned_client_factory(checked)} if checked is not None else {}
             return sse_client(
                 r.url,
                 headers=r.headers,
                 timeout=30,
                 sse_read_timeout=max(300, self.spec.timeout),
                 auth=BearerAuth(bearer) if bearer is not None else None,
+                **pinned,
             )
         return self._streamable_http(r.url, r.headers, checked, bearer)
 
@@ -269,7 +283,7 @@ class Upstream:
         self, url: str, headers: dict[str, str], checked: Checked | None, bearer: TokenSource | None
     ) -> AsyncIterator[Any]:
         timeout = httpx2.Timeout(30, read=max(300.0, self.spec.timeout + 5))
-        transport = pinned_transport(checked) if checked is not None else None
+        transport = LenientTransport(pinned_transport(checked) if checked is not None else httpx2.AsyncHTTPTransport())
         session_id: list[str | None] = [None]
 
         async def note_session(response: httpx2.Response) -> None:
@@ -304,8 +318,22 @@ class Upstream:
                 wire.close()
 
     async def _list(self, session: ClientSession) -> Offers:
-        """What the server offers, every page of it, after its filters."""
-        return await list_offers(session, self.spec)
+        """What the server offers, every page of it, after its filters (a failed listing keeps what it held)."""
+        return await list_offers(session, self.spec, previous=self.offers)
+
+    def _report_listings(self, offers: Offers) -> None:
+        """Log each listing that newly failed (or now fails for another reason) once, and one that recovered;
+        count every failure."""
+        before, now = dict(self.offers.degraded), dict(offers.degraded)
+        for listing, reason in now.items():
+            if before.get(listing) != reason:
+                log.warning(
+                    "upstream listing failed; serving without it", server=self.name, listing=listing, reason=reason
+                )
+        for listing in before.keys() - now.keys():
+            log.info("upstream listing recovered", server=self.name, listing=listing)
+        if self._metrics is not None:
+            self._metrics.set_listings(self.name, now)
 
     @property
     def credential_kind(self) -> str | None:
@@ -403,6 +431,7 @@ class Upstream:
                 if e.code == types.CONNECTION_CLOSED:
                     self._closed.set()
                 continue
+            self._report_listings(offers)
             if offers != self.offers:
                 self.offers = offers
                 await self._on_change(self)
@@ -414,13 +443,16 @@ class Upstream:
 
     def status(self) -> dict[str, Any]:
         """State, tool count, last error (secret-free) and since when (ISO 8601), as the HTTP endpoints show them."""
-        return {
+        status: dict[str, Any] = {
             "name": self.name,
             "state": self.state.value,
             "tools": len(self.tools) if self.state is State.UP else 0,
             "error": self.error,
             "since": datetime.fromtimestamp(self.since, UTC).isoformat(timespec="seconds"),
         }
+        if self.state is State.UP and self.offers.degraded:
+            status["degraded"] = dict(self.offers.degraded)
+        return status
 
     async def wait_up(self, timeout: float) -> bool:
         """Wait up to `timeout` seconds for the server to be up; True if it is."""
@@ -491,5 +523,7 @@ class Upstream:
             self.since = time.time()
             if state is not State.UP:
                 self.offers = NONE
+                if self._metrics is not None:
+                    self._metrics.set_listings(self.name, ())
             log.info("upstream state", server=self.name, state=state.value, reason=error)
             await self._on_change(self)

@@ -104,23 +104,6 @@ class ScopeDeadline:
         return False
 
 
-async def send_raw(
-    session: ClientSession,
-    request: types.ClientRequest,
-    *,
-    timeout: float | None = None,
-    progress: ProgressFnT | None = None,
-) -> Json:
-    """Send a request through the SDK's session; the result comes back as the wire dict (no re-validation)."""
-    result: Json = await session.send_request(
-        request,
-        RAW,  # type: ignore[type-var]
-        request_read_timeout_seconds=timeout,
-        progress_callback=progress,
-    )
-    return result
-
-
 def plausible_result(result: Any) -> bool:
     """A cheap shape check of a tool result forwarded without model validation."""
     if not isinstance(result, dict):
@@ -174,9 +157,8 @@ class Invoker:
         (a 2026 retry's `inputResponses` and `requestState`). Raises `CallFailed`, or `MCPError`
         for an error the upstream answered with.
         """
-        params: Json = {"name": name, **(extra or {})}
-        if arguments is not None:
-            params["arguments"] = dict(arguments)
+        # `arguments` is optional on the wire, but servers that validate it as an object refuse a call without it
+        params: Json = {"name": name, **(extra or {}), "arguments": dict(arguments or {})}
         if meta:
             params["_meta"] = dict(meta)
         return await self.request("tools/call", params, report, lean=lean)
@@ -239,14 +221,13 @@ class Invoker:
             channel = up.channel if lean else None
             if channel is not None:
                 return self._result_of(method, await self._over_channel(session, channel, params, progress))
-            if method in TASK_METHODS or "task" in params:
-                # Task results are outside the SDK's tables: sent unchecked, shape-checked here.
-                task_id = params.get("taskId")
-                name = task_id if isinstance(task_id, str) else None
-                raw = await send_unchecked(session, method, params, progress=progress, name=name)
-                return self._result_of(method, {"result": raw})
-            request = types.client_request_adapter.validate_python({"method": method, "params": params})
-            return self._result_of(method, {"result": await send_raw(session, request, progress=progress)})
+            # Answers are taken as the server sent them and shape-checked here, not held to the negotiated
+            # revision's schema by the SDK: servers that claim a revision often miss one of its fields
+            # (a 2026 `resultType`, say), and task results are outside the SDK's tables anyway.
+            task_id = params.get("taskId")
+            name = task_id if isinstance(task_id, str) else None
+            raw = await send_unchecked(session, method, params, progress=progress, name=name)
+            return self._result_of(method, {"result": raw})
         except MCPError as e:
             failure = channel_error(e)
             if failure is None:

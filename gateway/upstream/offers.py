@@ -1,20 +1,26 @@
-"""What one server offers: its tools, prompts, resources and resource templates, read page by page."""
+"""What one server offers: its tools, prompts, resources and resource templates, read page by page.
+
+A listing that fails (an error answer such as -32601 from a server that declared a capability it does not
+serve, a timeout, a page that is not a listing) does not fail the server: it is taken as empty (or, on a
+refresh, as it was before), and the server is `degraded` in that listing until a later listing succeeds.
+Only a closed connection, or more tools than the server may offer, fails the whole listing.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import mcp.types as types
-from mcp import ClientSession
+from mcp import ClientSession, MCPError
 from pydantic import BaseModel, ValidationError
 
 from gateway.config import ServerSpec
 from gateway.filters import apply_filters
-from gateway.internals.sdk import absorb_tools
+from gateway.internals.sdk import absorb_tools, send_unchecked
 from gateway.logs import get_logger
-from gateway.upstream.invoke import send_raw
+from gateway.upstream.errors import describe
 
 Json = dict[str, Any]
 log = get_logger("upstream")
@@ -29,6 +35,8 @@ class Offers:
     resources: tuple[Json, ...] = ()
     templates: tuple[Json, ...] = ()
     capabilities: Json = field(default_factory=dict)
+    # listing (`tools`, `prompts`, `resources`, `resourceTemplates`) -> why it failed, secret-free
+    degraded: tuple[tuple[str, str], ...] = ()
 
     def has(self, capability: str) -> bool:
         """Whether the server declared a capability (`prompts`, `resources`, `completions`, `logging`, ...)."""
@@ -36,6 +44,10 @@ class Offers:
 
 
 NONE = Offers()
+
+
+class Unlistable(Exception):
+    """One listing could not be read (the connection itself still works)."""
 
 
 class TooMany(Exception):
@@ -53,18 +65,41 @@ def capabilities_of(session: ClientSession) -> Json:
 
 
 async def list_offers(
-    session: ClientSession, spec: ServerSpec, *, max_tools: int | None = None, tools_only: bool = False
+    session: ClientSession,
+    spec: ServerSpec,
+    *,
+    max_tools: int | None = None,
+    tools_only: bool = False,
+    previous: Offers = NONE,
 ) -> Offers:
     """Walk every page of each listing the server's capabilities promise; apply the tool filters.
 
     `max_tools` bounds the tool listing (`TooMany` past it, raised as soon as a page goes over);
-    `tools_only` leaves prompts and resources unread, and keeps only the `tools` capability.
+    `tools_only` leaves prompts and resources unread, and keeps only the `tools` capability. A listing that
+    fails keeps what `previous` held of it and is named in `degraded` with the reason.
     """
     caps = capabilities_of(session)
+    degraded: dict[str, str] = {}
+
+    async def optional(
+        key: str, walk: Callable[[], Awaitable[tuple[Json, ...]]], kept: tuple[Json, ...]
+    ) -> tuple[Json, ...]:
+        try:
+            return await walk()
+        except MCPError as e:
+            if e.code == types.CONNECTION_CLOSED:
+                raise
+            degraded[key] = describe(e)
+        except Unlistable as e:
+            degraded[key] = str(e)
+        return kept
+
     tools: tuple[Json, ...] = ()
     # A server that declares nothing else is asked for tools even if it forgot to declare them.
     if "tools" in caps or not caps.keys() & {"prompts", "resources"}:
-        tools = await _walk(session, types.ListToolsRequest, "tools", types.Tool, spec, max_tools)
+        tools = await optional(
+            "tools", lambda: _walk(session, "tools/list", "tools", types.Tool, spec, max_tools), previous.tools
+        )
         kept_names = absorb_tools(session, list(tools))
         for dropped in [t["name"] for t in tools if t["name"] not in kept_names]:
             log.warning("upstream tool skipped: invalid x-mcp-header annotation", server=spec.name, tool=dropped)
@@ -78,34 +113,44 @@ async def list_offers(
     resources: tuple[Json, ...] = ()
     templates: tuple[Json, ...] = ()
     if tools_only:
-        return Offers(tools, capabilities={"tools": caps.get("tools") or {}})
+        return Offers(tools, capabilities={"tools": caps.get("tools") or {}}, degraded=tuple(degraded.items()))
     if "prompts" in caps:
-        prompts = await _walk(session, types.ListPromptsRequest, "prompts", types.Prompt, spec)
+        prompts = await optional(
+            "prompts", lambda: _walk(session, "prompts/list", "prompts", types.Prompt, spec), previous.prompts
+        )
         prompts = tuple({p["name"]: p for p in prompts}.values())
     if "resources" in caps:
-        resources = await _walk(session, types.ListResourcesRequest, "resources", types.Resource, spec)
-        templates = await _walk(
-            session, types.ListResourceTemplatesRequest, "resourceTemplates", types.ResourceTemplate, spec
+        resources = await optional(
+            "resources",
+            lambda: _walk(session, "resources/list", "resources", types.Resource, spec),
+            previous.resources,
         )
-    return Offers(tools, prompts, resources, templates, caps)
+        templates = await optional(
+            "resourceTemplates",
+            lambda: _walk(session, "resources/templates/list", "resourceTemplates", types.ResourceTemplate, spec),
+            previous.templates,
+        )
+    return Offers(tools, prompts, resources, templates, caps, tuple(degraded.items()))
 
 
 async def _walk(
     session: ClientSession,
-    request: Callable[..., Any],
+    method: str,
     key: str,
     model: type[BaseModel],
     spec: ServerSpec,
     limit: int | None = None,
 ) -> tuple[Json, ...]:
     """Every page of one listing; items that do not validate are skipped with a warning. More than `limit`
-    items raise `TooMany`."""
+    items raise `TooMany`; a page that is not a listing raises `Unlistable`."""
     items: list[Json] = []
     cursor: str | None = None
     for _ in range(10_000):
-        params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
-        page = await send_raw(session, request(params=params), timeout=spec.timeout)
-        for item in page.get(key, []):
+        page = await send_unchecked(session, method, {"cursor": cursor} if cursor else {}, timeout=spec.timeout)
+        items_of_page = page.get(key, []) if isinstance(page, dict) else None
+        if not isinstance(items_of_page, list):
+            raise Unlistable(f"{method} answered with something that is not a listing")
+        for item in items_of_page:
             if not isinstance(item, dict):
                 continue
             try:
@@ -118,6 +163,6 @@ async def _walk(
         if limit is not None and len(items) > limit:
             raise TooMany(key, limit)
         cursor = page.get("nextCursor")
-        if not cursor:
+        if not cursor or not isinstance(cursor, str):
             break
     return tuple(items)

@@ -205,7 +205,9 @@ class WorkerLink(Upstream):
 
     async def _list(self, session: ClientSession) -> Offers:
         try:
-            return await list_offers(session, self.spec, max_tools=self._max_tools, tools_only=True)
+            return await list_offers(
+                session, self.spec, max_tools=self._max_tools, tools_only=True, previous=self.offers
+            )
         except TooMany:
             self.refuse(
                 Refusal(TOO_MANY, f"it offers more than {self._max_tools} tools (workers.max_tools)", "too_many_tools")

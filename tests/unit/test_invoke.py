@@ -8,15 +8,15 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
-import mcp.types as types
 import pytest
 from mcp import ClientSession
 from mcp.shared.message import SessionMessage
 
-from gateway.upstream.invoke import Deadline, ScopeDeadline, send_raw
+from gateway.internals.sdk import send_unchecked
+from gateway.upstream.invoke import Deadline, ScopeDeadline
 
 pytestmark = pytest.mark.anyio
-CALL = types.CallToolRequest(params=types.CallToolRequestParams(name="slow", arguments={}))
+CALL = {"name": "slow", "arguments": {}}
 
 
 @pytest.fixture
@@ -72,7 +72,7 @@ async def test_a_call_cancelled_from_outside_whose_deadline_runs_out_meanwhile_s
         with anyio.CancelScope(deadline=now + 0.1) as outer:
             deadline: Deadline = ScopeDeadline(now + 0.11)
             async with deadline:
-                await send_raw(session, CALL)
+                await send_unchecked(session, "tools/call", CALL)
         assert outer.cancelled_caught and server.requested.is_set()
         await server.wait_for_cancel()
         assert [c["reason"] for c in server.cancelled] == ["caller cancelled"]
@@ -84,7 +84,7 @@ async def test_the_deadline_ends_a_silent_call_with_timeout_error_and_cancels_it
         deadline = ScopeDeadline(anyio.current_time() + 0.05)
         with pytest.raises(TimeoutError):
             async with deadline:
-                await send_raw(session, CALL)
+                await send_unchecked(session, "tools/call", CALL)
         assert deadline.expired()
         await server.wait_for_cancel()
 
