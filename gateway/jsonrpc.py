@@ -37,6 +37,22 @@ def decode(data: bytes | bytearray) -> Any:
     return json.loads(data) if _has_huge_float(value) else value
 
 
+def messages_in(body: bytes | bytearray) -> list[Any] | None:
+    """The messages of a JSON body that holds several, one per line (some servers answer a request with its
+    notices and then its answer that way); None for a body that is one JSON value, or is not JSON at all."""
+    if b"\n{" not in body.strip():
+        return None  # one value: the common case costs one scan
+    try:
+        decode(body)
+        return None
+    except ValueError:
+        pass
+    try:
+        return [decode(line) for line in body.splitlines() if line.strip()]
+    except ValueError:
+        return None
+
+
 def _has_huge_float(value: Any) -> bool:
     stack = [value]
     while stack:

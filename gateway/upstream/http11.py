@@ -25,7 +25,15 @@ import httpx2
 from mcp.shared.dispatcher import ProgressFnT
 
 from gateway import __version__
-from gateway.jsonrpc import INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR, decode, encode, report_progress
+from gateway.jsonrpc import (
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    PARSE_ERROR,
+    decode,
+    encode,
+    messages_in,
+    report_progress,
+)
 from gateway.upstream.errors import (
     AnswerLost,
     BadAnswer,
@@ -426,8 +434,14 @@ class HttpWire:
                 raise SessionExpired("HTTP 404 on the session")
             raise HttpStatus(status)
         if content_type.startswith(b"application/json"):
+            body = await exchange.read()
+            if (several := messages_in(body)) is not None:
+                for message in several:
+                    if (answer := await self._take(message, request_id, progress, headers)) is not None:
+                        return answer
+                raise BadAnswer(PARSE_ERROR, "the JSON body held no answer to the request")
             try:
-                reply = decode(await exchange.read())
+                reply = decode(body)
             except ValueError:
                 reply = None
             if not isinstance(reply, dict):
@@ -448,16 +462,25 @@ class HttpWire:
                     message = decode(data)
                 except ValueError:
                     continue
-                if not isinstance(message, dict):
-                    continue
-                if message.get("id") == request_id and ("result" in message or "error" in message):
+                if (answer := await self._take(message, request_id, progress, headers)) is not None:
                     await _drain(exchange)
-                    return message
-                if message.get("method") == "notifications/progress" and progress is not None:
-                    await report_progress(message.get("params"), progress)
-                elif "method" in message and "id" in message:
-                    self._refuse(message, headers)
+                    return answer
         raise AnswerLost("the event stream ended without an answer")
+
+    async def _take(
+        self, message: Any, request_id: Any, progress: ProgressFnT | None, headers: Mapping[str, str]
+    ) -> Json | None:
+        """One message that came with the answer: the answer itself (returned), a progress notice, or a request
+        of the server's (refused)."""
+        if not isinstance(message, dict):
+            return None
+        if message.get("id") == request_id and ("result" in message or "error" in message):
+            return message
+        if message.get("method") == "notifications/progress" and progress is not None:
+            await report_progress(message.get("params"), progress)
+        elif "method" in message and "id" in message:
+            self._refuse(message, headers)
+        return None
 
     def _refuse(self, request: Json, headers: Mapping[str, str]) -> None:
         """Answer a server's request made during a lean call: its caller cannot be asked anything."""
