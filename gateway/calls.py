@@ -35,6 +35,7 @@ from gateway.logs import get_logger
 from gateway.upstream.asks import ASKING, Caller, Mute, declared
 from gateway.upstream.connection import FORWARDED, Upstream
 from gateway.upstream.errors import CallFailed, describe
+from gateway.upstream.legacy import wants_legacy
 
 if TYPE_CHECKING:
     from gateway.registry import Registry
@@ -405,6 +406,8 @@ async def forward_call(
             async with registry.conversations.using(upstream, conversation) as own:
                 raw = await exchange(own)
         else:
+            if caller is not None and wants_legacy(upstream, version, caller.capabilities):
+                upstream = await registry.legacy.serving(upstream, entry.original)
             raw = await exchange(upstream)
         outcome = "tool_error" if raw.get("isError") else "ok"
     except CallFailed as failure:

@@ -20,6 +20,7 @@ from gateway.metrics import Metrics
 from gateway.pins import Pins
 from gateway.upstream.connection import Upstream
 from gateway.upstream.errors import State, describe
+from gateway.upstream.legacy import LegacySessions
 from gateway.upstream.tokens import Tokens
 from gateway.upstream.workers import CONFLICT, Refusal, WorkerPool
 
@@ -57,6 +58,7 @@ class Registry:
         self.metrics = Metrics()
         self.tokens = tokens or Tokens(store, oauth_key, self.metrics)
         self.conversations = Conversations(self.metrics, environ, credentials or {}, fast=fast, tokens=self.tokens)
+        self.legacy = LegacySessions(environ, credentials or {}, fast=fast, tokens=self.tokens)
         self.upstreams: dict[str, Upstream] = {}
         self._environ = environ
         self._credentials = credentials or {}
@@ -147,6 +149,7 @@ class Registry:
                 await upstream.stopped.wait()
         del self.upstreams[name]
         self.conversations.forget(name)
+        self.legacy.forget(name)
         self._published.pop(name, None)
         if forget:
             self.metrics.remove_server(name)
@@ -233,6 +236,7 @@ class Registry:
         async with anyio.create_task_group() as tg:
             self._tg = tg
             tg.start_soon(self.conversations.run)
+            tg.start_soon(self.legacy.run)
             await self._read_pins()
             for upstream in self.upstreams.values():
                 self._start(upstream)
