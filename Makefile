@@ -17,6 +17,11 @@ tests/thirdparty/node_modules/.installed: tests/thirdparty/package.json tests/th
 	cd tests/thirdparty && npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
+# The conformance suite's own reference server (TypeScript), run by the tests on tests/thirdparty's Node 22.
+tests/thirdparty/reference-server/node_modules/.installed: tests/thirdparty/reference-server/package.json tests/thirdparty/reference-server/package-lock.json
+	cd tests/thirdparty/reference-server && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
 setup: $(VENV)/.installed
 
 system-deps:  ## Debian packages the tests use (redis-server for the shared-store tests)
@@ -36,9 +41,9 @@ unit: setup
 	$(BIN)/pytest tests/unit -q
 
 SDK_PATH_TESTS = tests/integration/test_gateway.py tests/integration/test_resilience.py tests/integration/test_security.py \
-  tests/integration/test_oauth.py tests/integration/test_conformance.py
+  tests/integration/test_oauth.py tests/integration/test_conformance.py tests/integration/test_reference_server.py
 
-test: setup system-deps tests/thirdparty/node_modules/.installed lint  ## set up and run every check and test
+test: setup system-deps tests/thirdparty/node_modules/.installed tests/thirdparty/reference-server/node_modules/.installed lint  ## set up and run every check and test
 	$(BIN)/pytest -q
 	@echo "the same conformance tests with the fast path off (every request through the SDK's stacks):"
 	MANIFOLD_FAST_PATH=false $(BIN)/pytest -q $(SDK_PATH_TESTS)
@@ -47,4 +52,4 @@ bench: setup  ## run the benchmark (about 14 min on 2 cores); results in bench/r
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) tests/thirdparty/node_modules .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) tests/thirdparty/node_modules tests/thirdparty/reference-server/node_modules .pytest_cache .mypy_cache .ruff_cache

