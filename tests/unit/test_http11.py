@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+import httpx2
 import pytest
 
 from gateway.upstream.errors import AnswerLost, BadAnswer, HttpStatus, NotSent, SessionExpired
 from gateway.upstream.http11 import HttpWire, SseEvents
+from gateway.upstream.lenient import LenientTransport
 
 Script = Callable[[bytes], list[bytes] | None]
 CLOSE = b"<close the connection>"
@@ -272,3 +275,44 @@ async def test_an_oversized_answer_is_refused(monkeypatch: pytest.MonkeyPatch) -
         with pytest.raises(AnswerLost, match="over 0 MiB"):
             await wire.request(_call(), {}, None)
         wire.close()
+
+
+NDJSON_ANSWER = (
+    b'{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":7,"progress":1,"total":2}}\n'
+    b'{"jsonrpc":"2.0","id":7,"result":{"content":[{"type":"text","text":"ok"}]}}'
+)
+
+
+async def test_a_json_body_of_several_messages_one_per_line_is_read_as_the_stream_it_stands_for() -> None:
+    seen: list[tuple[float, float | None, str | None]] = []
+
+    async def progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append((progress, total, message))
+
+    answer = [_http("200 OK", "application/json", NDJSON_ANSWER)]
+    async with scripted_server(lambda _: answer) as (url, _, _connections):
+        wire = HttpWire(url, {}, lambda: None)
+        reply = await wire.request(_call(), {}, progress)
+        wire.close()
+    assert reply["result"]["content"][0]["text"] == "ok"
+    assert seen == [(1, 2, None)]
+
+
+async def test_the_sdk_clients_transport_reads_the_same_body_as_an_event_stream() -> None:
+    answer = [_http("200 OK", "application/json", NDJSON_ANSWER)]
+    one = [_http("200 OK", "application/json", b'{"jsonrpc":"2.0","id":7,"result":{}}')]
+    async with (
+        scripted_server(lambda _: answer) as (url, _, _c),
+        scripted_server(lambda _: one) as (plain, _, _d),
+        httpx2.AsyncClient(transport=LenientTransport(httpx2.AsyncHTTPTransport())) as http,
+    ):
+        several = await http.post(url, json=_call())
+        single = await http.post(plain, json=_call())
+    assert several.headers["content-type"] == "text/event-stream"
+    events = [line[len(b"data: ") :] for line in several.content.split(b"\n") if line.startswith(b"data: ")]
+    assert [json.loads(e) for e in events] == [json.loads(line) for line in NDJSON_ANSWER.split(b"\n")]
+    assert single.headers["content-type"] == "application/json" and single.json() == {
+        "jsonrpc": "2.0",
+        "id": 7,
+        "result": {},
+    }
