@@ -39,22 +39,25 @@ class OldServer:
 
     async def serve(self) -> None:
         async for message in self.server_reads:
-            wire = message.message.model_dump(by_alias=True, exclude_none=True)
-            method, request_id = wire.get("method"), wire.get("id")
-            if request_id is None:
-                continue
-            self.asked.append(str(method))
-            if method == "initialize":
-                answer: Json = {
-                    "protocolVersion": "2024-11-05",
-                    "capabilities": {"tools": {}, "prompts": {}, "resources": {}},
-                    "serverInfo": {"name": "old", "version": "0.1"},
-                }
-            else:
-                answer = self.answers.get(str(method), NOT_FOUND)
-            kind = "error" if "code" in answer else "result"
-            reply = jsonrpc_message_adapter.validate_python({"jsonrpc": "2.0", "id": request_id, kind: answer})
-            await self.server_writes.send(SessionMessage(reply))
+            await self.answer(message.message.model_dump(by_alias=True, exclude_none=True))
+
+    async def answer(self, wire: Json) -> None:
+        """Answer one message from the client (notifications are taken silently)."""
+        method, request_id = wire.get("method"), wire.get("id")
+        if request_id is None:
+            return
+        self.asked.append(str(method))
+        if method == "initialize":
+            answer: Json = {
+                "protocolVersion": "2024-11-05",
+                "capabilities": {"tools": {}, "prompts": {}, "resources": {}},
+                "serverInfo": {"name": "old", "version": "0.1"},
+            }
+        else:
+            answer = self.answers.get(str(method), NOT_FOUND)
+        kind = "error" if "code" in answer else "result"
+        reply = jsonrpc_message_adapter.validate_python({"jsonrpc": "2.0", "id": request_id, kind: answer})
+        await self.server_writes.send(SessionMessage(reply))
 
 
 @asynccontextmanager
