@@ -43,7 +43,8 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--connect",
         action="store_true",
-        help="also connect to every server and report overrides that name no tool it offers",
+        help="also connect to every server: report what each offers, listings it serves without, and overrides "
+        "that name no tool it offers",
     )
     tools = with_config(commands.add_parser("tools", help="connect to every server and print the merged catalog"))
     tools.add_argument("--json", action="store_true", help="print JSON")
@@ -230,7 +231,8 @@ async def _running(settings: Settings, config: FileConfig) -> AsyncIterator[Any]
 
 
 async def _check_offers(settings: Settings, config: FileConfig) -> int:
-    """Connect to every server and report each override that names no tool the server offers (a typo)."""
+    """Connect to every server; report what each offers, what it serves without (a listing that failed), and
+    each override that names no tool the server offers (a typo)."""
     from gateway.logs import configure
     from gateway.upstream.errors import State
 
@@ -243,6 +245,17 @@ async def _check_offers(settings: Settings, config: FileConfig) -> int:
             if upstream.state is not State.UP:
                 print(f"warning: server {upstream.name!r} is {upstream.state.value}: {upstream.error}", file=sys.stderr)
                 continue
+            offers = upstream.offers
+            print(
+                f"server {upstream.name!r}: up ({upstream.protocol_version}), {len(offers.tools)} tools, "
+                f"{len(offers.prompts)} prompts, {len(offers.resources)} resources, {len(offers.templates)} templates"
+            )
+            for listing, reason in offers.degraded:
+                print(
+                    f"warning: server {upstream.name!r} is degraded: its {listing} listing failed ({reason}); "
+                    "it serves without it",
+                    file=sys.stderr,
+                )
             offered = {t["name"] for t in upstream.tools}
             problems += [
                 f"servers.{upstream.name}.tools.{name}: the server offers no tool named {name!r}"
