@@ -413,7 +413,9 @@ def _serving(
             while True:
                 if proc.poll() is not None:
                     log.seek(0)
-                    raise RuntimeError(f"{cmd[0]} exited with {proc.returncode}:\n{log.read().decode(errors='replace')}")
+                    raise RuntimeError(
+                        f"{cmd[0]} exited with {proc.returncode}:\n{log.read().decode(errors='replace')}"
+                    )
                 try:
                     with urllib.request.urlopen(f"{base}{probe}", timeout=1):
                         break
