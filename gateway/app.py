@@ -21,6 +21,7 @@ from gateway.downstream.gate import AuthGate, Limits, transport_security
 from gateway.downstream.oauth import ResourceServer
 from gateway.downstream.server import Frontend
 from gateway.downstream.shortcut import Shortcut
+from gateway.handover import HandOver
 from gateway.logs import get_logger
 from gateway.probes import probe_routes
 from gateway.registry import Registry
@@ -66,7 +67,7 @@ def build_app(settings: Settings, config: FileConfig, environ: Mapping[str, str]
     views = views_for(settings.auth.tokens, settings.endpoints, rules)
     frontend = Frontend(registry, views, confirm_key, settings.exposure)
     runtime = Runtime(registry, store, settings)
-    frontend.egress = runtime.egress
+    frontend.handover = HandOver(registry, runtime.egress, settings.handover)
     security = transport_security(settings.allowed_hosts, settings.allowed_origins)
     mcp_app = frontend.server.streamable_http_app(
         streamable_http_path="/mcp",
@@ -78,7 +79,7 @@ def build_app(settings: Settings, config: FileConfig, environ: Mapping[str, str]
     )
     frontend.sessions.attach(frontend.server.session_manager)
     lane: ASGIApp = Shortcut(mcp_app, frontend, security) if settings.fast_path else mcp_app
-    limits = Limits(settings.max_body_bytes, settings.max_json_depth)
+    limits = Limits(settings.max_body_bytes, settings.max_json_depth, settings.max_token_bytes)
     resource_server = None
     if oauth is not None:
         resource_server = ResourceServer(oauth, settings.resource_url, frozenset(settings.endpoints))

@@ -1,4 +1,4 @@
-"""A token bucket: `rate` tokens a second, at most `burst` saved up."""
+"""A token bucket: `rate` tokens a second, at most `burst` saved up; and a throttle for log lines built on it."""
 
 from __future__ import annotations
 
@@ -22,3 +22,20 @@ class TokenBucket:
             self.tokens -= 1
             return 0.0
         return (1 - self.tokens) / self.rate
+
+
+class Throttle:
+    """Log lines of one kind at `rate` a second (`burst` at once); the ones held back are counted, and the
+    count is told with the next line let through."""
+
+    def __init__(self, rate: float, burst: int) -> None:
+        self._bucket = TokenBucket(rate, burst)
+        self._held = 0
+
+    def admit(self) -> int | None:
+        """None when this line is held back; else how many were held back since the last one let through."""
+        if self._bucket.take() > 0:
+            self._held += 1
+            return None
+        held, self._held = self._held, 0
+        return held

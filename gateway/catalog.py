@@ -2,9 +2,9 @@
 their own URIs, with labels, in a stable order.
 
 Tool and prompt names follow the same rules (prefix, sanitising, 64 characters, collisions told apart by a
-hash). Resource URIs are never rewritten: a URI is routed to the first server, in config order, that lists
-it, then to the first whose templates match it; a URI or template offered by several servers is logged
-once as a clash (`clashes`).
+hash; a name that would pass for one of the gateway's own, `manifold__*`, is not offered). Resource URIs are
+never rewritten: a URI is routed to the first server, in config order, that lists it, then to the first whose
+templates match it; a URI or template offered by several servers is logged once as a clash (`clashes`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.labels import META_PREFIX, Labels, labels_for
-from gateway.naming import public_name, with_hash
+from gateway.naming import in_reserved_namespace, public_name, with_hash
 from gateway.uritemplate import UriTemplate, overlaps
 
 Json = dict[str, Any]
@@ -62,10 +62,12 @@ class Entry:
 
 @dataclass(frozen=True)
 class Collision:
-    """Tools of different origin whose public names met; each now carries a hash suffix."""
+    """Tools of different origin whose public names met; each now carries a hash suffix. `reserved`: the one
+    origin's name would pass for one of the gateway's own (`manifold__*`), so it is not offered at all."""
 
     name: str
     origins: tuple[tuple[str, str], ...]
+    reserved: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +137,9 @@ def merge(toolsets: Iterable[ToolSet], kind: str = "tools") -> tuple[dict[str, E
     named: list[tuple[str, ToolSet, Json]] = []
     collisions: list[Collision] = []
     for base, owners in claims.items():
+        if in_reserved_namespace(base):
+            collisions += [Collision(base, ((ts.server, t["name"]),), reserved=True) for ts, t in owners]
+            continue
         if len(owners) == 1:
             named.append((base, *owners[0]))
             continue

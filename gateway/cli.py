@@ -80,9 +80,14 @@ def _parser() -> argparse.ArgumentParser:
     diff = pin_actions.add_parser("diff", help="the pinned and the offered definition of a tool, as a diff")
     diff.add_argument("server")
     diff.add_argument("tool")
-    approve = pin_actions.add_parser("approve", help="pin tools as offered now (default: every held tool)")
+    approve = pin_actions.add_parser(
+        "approve", help="pin a tool as reviewed (--digest), or tools as offered now (default: every held tool)"
+    )
     approve.add_argument("server")
     approve.add_argument("tools", nargs="*")
+    approve.add_argument(
+        "--digest", help="the offered digest `pins diff` showed: refused if the tool's definition changed since"
+    )
     worker = commands.add_parser(
         "worker",
         help="offer a local stdio MCP server through a gateway that cannot reach it",
@@ -377,8 +382,16 @@ def _pins(args: argparse.Namespace) -> int:
             return 1
         print(f"{body['server']}/{body['tool']}: {body['status']}")
         print(body["diff"] or "(the offered definition is the pinned one)", end="" if body["diff"] else "\n")
+        if body["offered"] is not None and body["diff"]:
+            offered = body["offered"]["digest"]
+            print(f"offered: {offered}")
+            print(f"approve it: manifold pins approve {args.server} {body['tool']} --digest {offered}")
         return 0
-    body = _admin(args, "POST", f"/admin/pins/{server}/approve", {"tools": args.tools})
+    if args.digest is not None and len(args.tools) != 1:
+        print("error: --digest goes with exactly one tool (the one `pins diff` showed)", file=sys.stderr)
+        return 2
+    tools: Any = {args.tools[0]: args.digest} if args.digest is not None else args.tools
+    body = _admin(args, "POST", f"/admin/pins/{server}/approve", {"tools": tools})
     if body is None:
         return 1
     approved = body["approved"]

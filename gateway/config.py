@@ -19,7 +19,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from gateway.credentials import OAuthParams, fill_oauth, use_problems
 from gateway.interpolate import MissingVariable, interpolate
-from gateway.naming import sanitise
+from gateway.naming import reserved_problem, sanitise
 
 
 def _no_bool(value: Any) -> Any:
@@ -139,6 +139,8 @@ class ServerSpec(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> ServerSpec:
+        if (why := reserved_problem(self.name, self.prefix)) is not None:
+            raise ValueError(why)
         if self.transport == "worker":
             if self.command is not None or self.url is not None:
                 raise ValueError("a server offered by workers has neither `command` nor `url`")

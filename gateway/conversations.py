@@ -9,6 +9,9 @@ shared connection, so listing tools never starts a process per caller.
 What a conversation is: a 2025-era client's `Mcp-Session-Id`; for a sessionless 2026-07-28 client,
 its token (an OAuth token's rule and subject) plus the id it sends in `_meta["manifold/conversation"]`
 (one conversation per token when it sends none).
+
+The servers a conversation hands over (`gateway.handover`) run here too, under their own bounds per
+conversation and per token, and count against the same gateway-wide limit (`max_total`).
 """
 
 from __future__ import annotations
@@ -46,6 +49,18 @@ CONVERSATION_VARIABLE = "MANIFOLD_CONVERSATION"
 HANDED = "handed:"  # instance keys of servers a conversation handed over
 
 
+@dataclass(frozen=True)
+class HandedLimits:
+    """How many handed-over servers one conversation, and one token's conversations together, may run."""
+
+    per_conversation: int
+    per_token: int
+
+
+class NameClash(ValueError):
+    """A handed-over server's name (or prefix) is a server of the gateway's own; the message says whose."""
+
+
 def conversation_key(session_id: str | None, owner: str, meta: Mapping[str, Any] | None) -> str:
     """The conversation a request belongs to: its 2025 session, else its owner (the caller's token, or OAuth
     rule and subject) and the id it sends (if any)."""
@@ -70,6 +85,7 @@ class Instance:
     scope: anyio.CancelScope
     used: float = field(default_factory=time.monotonic)
     busy: int = 0
+    owner: str = ""  # who handed the server over (its token, or OAuth rule and subject); "" for the others
 
 
 async def _unchanged(_: Upstream) -> None:
@@ -262,9 +278,54 @@ class Conversations:
         if not catalog.entries:
             self._catalogs.pop(conversation, None)
 
-    async def hand_over(self, conversation: str, spec: ServerSpec, egress: EgressPolicy | None) -> str:
-        """Start one server the conversation hands over; `started` or `running`. Raises `CallFailed`."""
+    def handed_names(self) -> set[str]:
+        """The names of every server a conversation handed over (starting or running)."""
+        return {server.removeprefix(HANDED) for server, _ in self._instances if server.startswith(HANDED)}
+
+    def release(self, name: str, prefix: str) -> None:
+        """A server of the gateway's own took `name` and `prefix`: stop the handed-over servers it shadows."""
+        for key in [k for k in self._instances if k[0].startswith(HANDED)]:
+            handed = key[0].removeprefix(HANDED)
+            if handed == name or sanitise(handed) == prefix:
+                self._close(key, "name_taken")
+
+    def _admit_handed(self, conversation: str, owner: str, limits: HandedLimits) -> None:
+        """Refuse one more handed-over server at a limit (`CallFailed`, naming the limit), at once."""
+        handed = [(key, i) for key, i in self._instances.items() if key[0].startswith(HANDED)]
+        mine = sum(1 for (_, c), _ in handed if c == conversation)
+        if mine >= limits.per_conversation:
+            why = (
+                f"this conversation runs its limit of {limits.per_conversation} handed-over servers "
+                "(handover.max_per_conversation)"
+            )
+        elif sum(1 for _, i in handed if i.owner == owner) >= limits.per_token:
+            why = (
+                f"this token's conversations run its limit of {limits.per_token} handed-over servers "
+                "(handover.max_per_token)"
+            )
+        elif len(self._instances) >= self.max_total:
+            why = (
+                f"the gateway runs its limit of {self.max_total} conversation connections over all servers, "
+                "handed-over ones included (max_conversation_instances)"
+            )
+        else:
+            return
+        raise CallFailed(f"not started: {why}; try again when one stops", outcome="busy", transient=False)
+
+    async def hand_over(
+        self,
+        conversation: str,
+        owner: str,
+        spec: ServerSpec,
+        egress: EgressPolicy | None,
+        limits: HandedLimits,
+        taken: Callable[[str], str | None] = lambda _: None,
+    ) -> str:
+        """Start one server the conversation hands over; `started` or `running`. Raises `CallFailed` (at a limit,
+        at once; when it does not come up, as soon as its first try fails) and `NameClash`."""
         key = (HANDED + spec.name, conversation)
+        while (starting := self._starting.get(key)) is not None:
+            await starting.wait()
         current = self._instances.get(key)
         if current is not None and current.upstream.state is State.UP:
             return "running"
@@ -272,6 +333,9 @@ class Conversations:
             self._close(key, "failed")
         if self._tg is None:
             raise CallFailed("the gateway is stopping", outcome="unavailable", transient=False)
+        if (clash := taken(spec.name)) is not None:  # checked and claimed with no wait between: one namespace
+            raise NameClash(clash)
+        self._admit_handed(conversation, owner, limits)
 
         async def changed(upstream: Upstream) -> None:
             if (HANDED + spec.name, conversation) in self._instances:
@@ -286,12 +350,20 @@ class Conversations:
             fast=self._fast,
         )
         scope = anyio.CancelScope()
-        self._instances[key] = Instance(upstream, scope)
-        self._tg.start_soon(self._own, upstream, scope)
-        if not await upstream.wait_up(spec.startup_timeout):
-            reason = upstream.error or "no answer within startup_timeout"
-            self._close(key, "failed")
-            raise CallFailed(f"it did not start: {reason}", outcome="unavailable", transient=False)
+        self._instances[key] = Instance(upstream, scope, owner=owner)
+        self._starting[key] = started = anyio.Event()
+        try:
+            self._tg.start_soon(self._own, upstream, scope)
+            # its first try decides: a server that fails at once is reported at once, not after startup_timeout
+            with anyio.move_on_after(spec.startup_timeout + 1):
+                await upstream.settled.wait()
+            if upstream.state is not State.UP:
+                reason = upstream.error or "no answer within startup_timeout"
+                self._close(key, "failed")
+                raise CallFailed(f"it did not start: {reason}", outcome="unavailable", transient=False)
+        finally:
+            del self._starting[key]
+            started.set()
         self._retable(conversation, spec.name, upstream.tools)
         log.info("handed-over server started", server=spec.name, tools=len(upstream.tools))
         return "started"

@@ -1,8 +1,10 @@
-"""Egress checks for runtime-added servers: where the gateway may be told to connect.
+"""Egress checks for servers the gateway did not read from its config file (runtime, handed over): where the
+gateway may be told to connect.
 
 A URL passes when its scheme is http or https, it carries no credentials, and EVERY address its host
 resolves to is public (not loopback, private, link-local, CGNAT, multicast, unspecified, reserved, or
-their IPv6 forms), unless the host or the address is on the allow list (names or CIDRs).
+their IPv6 forms), unless the host or the address is on the allow list (names or CIDRs). The connection
+then goes to the address that passed (`pinned_transport`), so a second DNS answer cannot swap it.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -28,7 +30,7 @@ _CGNAT = ipaddress.ip_network("100.64.0.0/10")
 
 
 class EgressDenied(Exception):
-    """The URL may not be used by a runtime server; the message says why."""
+    """The URL may not be used by a server that passes the egress rules; the message says why."""
 
 
 @dataclass(frozen=True)
@@ -39,15 +41,22 @@ class Checked:
     address: str
 
 
+async def system_resolver(host: str, port: int) -> list[str]:
+    """Every address `host` resolves to (the system resolver, in a worker thread)."""
+    infos = await anyio.to_thread.run_sync(lambda: socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+    return sorted({str(info[4][0]) for info in infos})
+
+
 @dataclass(frozen=True)
 class EgressPolicy:
-    """The allow list: host names (exact, case-insensitive) and networks."""
+    """The allow list: host names (exact, case-insensitive) and networks; and how host names are resolved."""
 
     hosts: frozenset[str]
     networks: tuple[Network, ...]
+    resolve: Resolver = field(default=system_resolver, compare=False)
 
     @classmethod
-    def from_allow(cls, allow: Iterable[str]) -> EgressPolicy:
+    def from_allow(cls, allow: Iterable[str], resolve: Resolver = system_resolver) -> EgressPolicy:
         """Split allow entries into networks (anything `ip_network` accepts) and host names."""
         hosts, networks = set(), []
         for entry in allow:
@@ -55,7 +64,7 @@ class EgressPolicy:
                 networks.append(ipaddress.ip_network(entry, strict=False))
             except ValueError:
                 hosts.add(entry.lower().rstrip("."))
-        return cls(frozenset(hosts), tuple(networks))
+        return cls(frozenset(hosts), tuple(networks), resolve)
 
     def allows_address(self, address: IPAddress) -> bool:
         return any(address in network for network in self.networks)
@@ -82,14 +91,9 @@ def forbidden_reason(address: IPAddress) -> str | None:
     return None
 
 
-async def system_resolver(host: str, port: int) -> list[str]:
-    """Every address `host` resolves to (the system resolver, in a worker thread)."""
-    infos = await anyio.to_thread.run_sync(lambda: socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
-    return sorted({str(info[4][0]) for info in infos})
-
-
-async def check_url(url: str, policy: EgressPolicy, resolve: Resolver = system_resolver) -> Checked:
-    """Check a runtime server's URL; `EgressDenied` names the problem. Returns the address to connect to."""
+async def check_url(url: str, policy: EgressPolicy, resolve: Resolver | None = None) -> Checked:
+    """Check a server's URL (resolving with `resolve`, by default the policy's resolver); `EgressDenied` names
+    the problem. Returns the address to connect to."""
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -104,7 +108,7 @@ async def check_url(url: str, policy: EgressPolicy, resolve: Resolver = system_r
         raise EgressDenied("the URL has no host")
     port = port or (443 if parts.scheme == "https" else 80)
     try:
-        addresses = await resolve(host, port)
+        addresses = await (resolve or policy.resolve)(host, port)
     except OSError as e:
         raise EgressDenied(f"host {host!r} does not resolve ({e.strerror or e})") from None
     if not addresses:
@@ -147,3 +151,21 @@ def pinned_transport(checked: Checked) -> httpx2.AsyncHTTPTransport:
     transport = httpx2.AsyncHTTPTransport()
     set_network_backend(transport, PinnedBackend(checked))
     return transport
+
+
+def pinned_client_factory(checked: Checked | None) -> Callable[..., httpx2.AsyncClient]:
+    """An HTTP client factory (the MCP SDK's `httpx_client_factory` shape) whose clients connect only to the
+    checked address (with None: where the name resolves, for a server of the config file); no redirects."""
+
+    def factory(
+        headers: dict[str, str] | None = None, timeout: httpx2.Timeout | None = None, auth: httpx2.Auth | None = None
+    ) -> httpx2.AsyncClient:
+        return httpx2.AsyncClient(
+            headers=headers,
+            timeout=timeout if timeout is not None else httpx2.Timeout(30, read=300),
+            auth=auth,
+            transport=pinned_transport(checked) if checked is not None else None,
+            follow_redirects=False,
+        )
+
+    return factory

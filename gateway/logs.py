@@ -9,6 +9,7 @@ import re
 import sys
 import threading
 import time
+import traceback
 from collections.abc import MutableMapping
 from functools import lru_cache
 from typing import Any, TextIO
@@ -27,6 +28,12 @@ def redact_text(text: str) -> str:
     if "bearer" not in lowered and "basic" not in lowered:
         return text  # the pattern needs one of them: most lines are spared the regex
     return _BEARER.sub(lambda m: f"{m.group(1)} {REDACTED}", text)
+
+
+def traceback_text(exc: BaseException) -> str:
+    """`exc`'s traceback as text, credentials after `Bearer`/`Basic` replaced (it goes into a log line's field,
+    where the redaction of event values does not reach a formatted exception)."""
+    return redact_text("".join(traceback.format_exception(exc)))[-8000:]
 
 
 @lru_cache(maxsize=1024)

@@ -116,7 +116,7 @@ class Metrics:
         self.oauth_tokens = Counter(
             "manifold_oauth_tokens",
             "OAuth access tokens checked, by outcome (accepted, expired, audience, issuer, signature, unknown_key, "
-            "algorithm, type, claims, malformed, not_yet_valid, scope, no_rule, no_keys)",
+            "algorithm, type, claims, malformed, too_long, not_yet_valid, scope, no_rule, no_keys)",
             ["outcome"],
             registry=r,
         )
@@ -161,8 +161,26 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.http_refusals = Counter(
+            "manifold_http_refusals",
+            "Connections and requests refused by the HTTP limits, by reason (header_too_large, header_timeout, "
+            "body_timeout, connections)",
+            ["reason"],
+            registry=r,
+        )
+        self.internal_errors = Counter(
+            "manifold_internal_errors",
+            "Programming errors caught where a connection is served (its traceback is logged), by where (upstream, "
+            "worker)",
+            ["where"],
+            registry=r,
+        )
         self.build_info = Gauge("manifold_build_info", "Always 1; the version is a label", ["version"], registry=r)
         self.build_info.labels(__version__).set(1)
+        for where in ("upstream", "worker"):
+            self.internal_errors.labels(where)
+        for reason in ("header_too_large", "header_timeout", "body_timeout", "connections"):
+            self.http_refusals.labels(reason)
         self._children: dict[tuple[str, ...], Any] = {}  # labelled series, looked up once each
         self._servers: set[str] = set()
         self._degraded: set[tuple[str, str]] = set()
@@ -296,6 +314,14 @@ class Metrics:
         """Count one connection attempt by outcome, `ok` or `error` (not for a removed server)."""
         if server in self._servers:
             self.upstream_connects.labels(server, outcome).inc()
+
+    def count_http_refusal(self, reason: str) -> None:
+        """Count one connection or request refused by the HTTP limits, by reason."""
+        self._child(self.http_refusals, "http", reason).inc()
+
+    def count_internal_error(self, where: str) -> None:
+        """Count one programming error caught (`upstream`, `worker`)."""
+        self.internal_errors.labels(where).inc()
 
     def count_oauth_token(self, outcome: str) -> None:
         """Count one OAuth access token checked, by outcome."""

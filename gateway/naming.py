@@ -9,6 +9,7 @@ MAX_LENGTH = 64
 _KEEP = 55
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 SEPARATOR = "__"
+RESERVED = "manifold"  # the gateway's own tools are `manifold__*`: no server takes the name or the prefix
 
 
 def sanitise(part: str) -> str:
@@ -32,3 +33,18 @@ def public_name(prefix: str, server: str, tool: str) -> str:
     if len(base) > MAX_LENGTH or not base:
         return with_hash(base, server, tool)
     return base
+
+
+def reserved_problem(name: str, prefix: str | None = None) -> str | None:
+    """Why a server may not be called `name` (with `prefix`, when it sets one), or None: `manifold`, in any case,
+    is the gateway's own."""
+    for what, value in (("name", name), ("prefix", prefix)):
+        if value is not None and sanitise(value).lower() == RESERVED:
+            own = f"{RESERVED}{SEPARATOR}*"
+            return f"the {what} {value!r} is reserved for the gateway's own tools ({own}); choose another {what}"
+    return None
+
+
+def in_reserved_namespace(public: str) -> bool:
+    """Whether a public name would pass for one of the gateway's own (`manifold__*`, in any case)."""
+    return public.lower().startswith(RESERVED + SEPARATOR)

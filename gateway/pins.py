@@ -1,11 +1,19 @@
-"""Tool-definition pinning: what the model sees of each tool is pinned (on a server's first complete listing,
+"""Tool-definition pinning: what a client receives of each tool is pinned (on a server's first complete listing,
 or by an operator's approval) and every later listing is judged against the pins.
 
 A pin is keyed by server and original tool name, and holds the digest and the text of the definition as
-served (public name, title, description, input and output schema, annotations; after overrides). With
-`pin: hold` a tool that is new or unlike its pin is held back from listings and calls; with `warn` it is
-served, logged and counted; with `off` nothing is judged. Pins live in the store, so an approval on one
-replica holds on every replica that shares it.
+served: every key of the tool (name, title, description, schemas, annotations, `_meta`, icons, execution, and
+any other), after overrides, less only the labels the gateway writes into `_meta` itself. With `pin: hold` a
+tool that is new or unlike its pin is held back from listings and calls; with `warn` it is served, logged
+and counted; with `off` nothing is judged. Pins live in the store, so an approval on one replica holds on
+every replica that shares it.
+
+An approval may carry the digest the operator reviewed: it is refused when the tool's definition changed
+since. Without one it approves the definition offered when it is applied.
+
+Pins stored by earlier versions (form 1) hold only name, title, description, schemas and annotations. Such a
+pin still judges those keys; when they match, the pin is completed with the rest of the tool as offered then
+(`upgrade`), so an upgrade holds no tool that did not change, and from then on every key is pinned.
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -21,6 +30,7 @@ from typing import Any, Literal
 from gateway.admin.store import Store
 from gateway.catalog import Entry
 from gateway.config import PinMode
+from gateway.labels import META_PREFIX
 from gateway.logs import get_logger
 
 log = get_logger("pins")
@@ -28,14 +38,30 @@ log = get_logger("pins")
 Status = Literal["pinned", "changed", "new", "unknown"]
 KIND = "pins"
 SEEN = ""  # the tool part of a server's marker row: its first complete listing has been pinned
-VISIBLE = ("name", "title", "description", "inputSchema", "outputSchema", "annotations")
+FORM = 2  # what a pin holds: 2, the whole tool as served; 1 (earlier versions), the keys of FORM_1 only
+FORM_1 = ("name", "title", "description", "inputSchema", "outputSchema", "annotations")
+OWN_LABELS = frozenset(f"{META_PREFIX}{key}" for key in ("server", "tool", "trust", "gated"))
+DIGEST = re.compile(r"(?:sha256:)?([0-9a-f]{64})")
 Json = dict[str, Any]
 
 
 def visible(entry: Entry) -> Json:
-    """What the model sees of a served tool (its `_meta` labels are the gateway's own, not the server's). The
-    name is the one before a collision's hash: another server arriving must not re-hold a reviewed tool."""
-    definition = {key: entry.tool[key] for key in VISIBLE if key in entry.tool}
+    """Everything a client receives of a served tool, less the labels the gateway writes into its `_meta` (they
+    are the gateway's word, not the server's). The name is the one before a collision's hash: another server
+    arriving must not re-hold a reviewed tool."""
+    definition = {key: value for key, value in entry.tool.items() if key != "_meta"}
+    meta = entry.tool.get("_meta")
+    theirs = {k: v for k, v in meta.items() if k not in OWN_LABELS} if isinstance(meta, dict) else {}
+    if theirs:
+        definition["_meta"] = theirs
+    if entry.base:
+        definition["name"] = entry.base
+    return definition
+
+
+def visible_form_1(entry: Entry) -> Json:
+    """The part of a tool an earlier version's pin (form 1) holds."""
+    definition = {key: entry.tool[key] for key in FORM_1 if key in entry.tool}
     if entry.base:
         definition["name"] = entry.base
     return definition
@@ -45,6 +71,28 @@ def digest(definition: Json) -> str:
     """A stable digest of a definition: SHA-256 over its canonical JSON."""
     text = json.dumps(definition, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def given_digest(text: str) -> str | None:
+    """A digest as an operator gives it (`sha256:<64 hex>`, or the 64 hex alone), in the form pins use; None
+    when it is not one."""
+    found = DIGEST.fullmatch(text.strip().lower())
+    return f"sha256:{found.group(1)}" if found else None
+
+
+class ChangedSinceReview(Exception):
+    """An approval named digests that are no longer what the tools offer; nothing was approved."""
+
+    def __init__(self, server: str, changes: list[tuple[str, str, str]]) -> None:
+        self.server, self.changes = server, changes  # (tool, reviewed digest, offered digest)
+        told = "; ".join(
+            f"'{tool}' was reviewed as {reviewed} and is offered now as {offered}"
+            for tool, reviewed, offered in changes
+        )
+        super().__init__(
+            f"the definition changed since it was reviewed, so nothing was approved: {told}; review it again "
+            f"(`manifold pins diff {server} {changes[0][0]}`)"
+        )
 
 
 def pin_key(server: str, tool: str) -> str:
@@ -74,12 +122,13 @@ class Pin:
     tool: str
     digest: str
     definition: Json
-    how: str  # "first use" or "approved"
+    how: str  # "first use", "approved" or "upgraded"
     at: float
+    form: int = FORM
 
     def row(self) -> Json:
         """The pin as a store row."""
-        return {"digest": self.digest, "definition": self.definition, "how": self.how, "at": self.at}
+        return {"digest": self.digest, "definition": self.definition, "how": self.how, "at": self.at, "form": self.form}
 
 
 @dataclass(frozen=True)
@@ -128,6 +177,8 @@ class Pins:
         if pin is None:
             # Before the first listing is pinned, a tool is judged as pinned: it is about to be, as offered.
             return Judged(entry, "new" if entry.server in self._seen else "pinned", offered, None)
+        if pin.form < FORM:  # an earlier version's pin: it judges what it holds, until `upgrade` completes it
+            return Judged(entry, "pinned" if pin.digest == digest(visible_form_1(entry)) else "changed", offered, pin)
         return Judged(entry, "pinned" if pin.digest == offered else "changed", offered, pin)
 
     def holds(self, entry: Entry) -> bool:
@@ -148,9 +199,15 @@ class Pins:
             if not isinstance(definition, dict) or not isinstance(value, str):
                 loaded.bad[key] = "not a pin"
                 continue
-            at = row.get("at")
+            at, form = row.get("at"), row.get("form", 1)
             pins[(server, tool)] = Pin(
-                server, tool, value, definition, str(row.get("how", "")), at if isinstance(at, float) else 0.0
+                server,
+                tool,
+                value,
+                definition,
+                str(row.get("how", "")),
+                at if isinstance(at, float) else 0.0,
+                form if isinstance(form, int) else 1,
             )
         for key, reason in loaded.bad.items():
             log.warning("stored pin cannot be read; the tool is judged as unpinned", pin=key[:200], reason=reason)
@@ -169,8 +226,26 @@ class Pins:
         log.info("first listing pinned", server=server)
         await self.load()
 
-    async def approve(self, entries: Iterable[Entry]) -> list[Pin]:
-        """Pin these tools as they are offered now; the pins written."""
+    async def upgrade(self, entries: Iterable[Entry]) -> bool:
+        """Complete the earlier version's pins (form 1) of these tools that still match: the keys they did not
+        hold are pinned as offered now. True when a pin was written."""
+        now, written = time.time(), False
+        for entry in entries:
+            pin = self._pins.get((entry.server, entry.original))
+            if pin is None or pin.form >= FORM or pin.digest != digest(visible_form_1(entry)):
+                continue
+            definition = visible(entry)
+            done = Pin(entry.server, entry.original, digest(definition), definition, "upgraded", now)
+            await self.store.put_record(KIND, pin_key(entry.server, entry.original), done.row())
+            log.info("pin completed to the whole tool", server=entry.server, tool=entry.original, digest=done.digest)
+            written = True
+        if written:
+            await self.load()
+        return written
+
+    async def approve(self, entries: Iterable[Entry], reviewed: bool = False) -> list[Pin]:
+        """Pin these tools as they are offered now (`reviewed`: the operator's digest was checked); the pins
+        written."""
         now = time.time()
         written = []
         for entry in entries:
@@ -178,7 +253,13 @@ class Pins:
             pin = Pin(entry.server, entry.original, digest(definition), definition, "approved", now)
             await self.store.put_record(KIND, pin_key(entry.server, entry.original), pin.row())
             written.append(pin)
-            log.info("tool definition approved", server=entry.server, tool=entry.original, digest=pin.digest)
+            log.info(
+                "tool definition approved",
+                server=entry.server,
+                tool=entry.original,
+                digest=pin.digest,
+                reviewed=reviewed,
+            )
         servers = {pin.server for pin in written}
         for server in servers:
             await self.store.put_record(KIND, pin_key(server, SEEN), {"at": now}, only_new=True)

@@ -17,7 +17,8 @@ from gateway.conversations import Conversations
 from gateway.egress import EgressPolicy
 from gateway.logs import get_logger
 from gateway.metrics import Metrics
-from gateway.pins import Pins
+from gateway.naming import sanitise
+from gateway.pins import ChangedSinceReview, Pin, Pins
 from gateway.upstream.connection import Upstream
 from gateway.upstream.errors import State, describe
 from gateway.upstream.legacy import LegacySessions
@@ -123,6 +124,7 @@ class Registry:
         if spec.name in self.upstreams:
             raise NameTaken(spec.name)
         assert self._tg is not None, "the registry is not running"
+        self.conversations.release(spec.name, spec.effective_prefix)  # the gateway's own server takes the name
         upstream = self._create(spec, source, egress)
         self._start(upstream)
         return upstream
@@ -190,6 +192,9 @@ class Registry:
                 prefix = spec.effective_prefix
                 if any(u.spec.effective_prefix == prefix for u in self.upstreams.values()):
                     raise NameTaken(spec.name)
+                if any(n == spec.name or sanitise(n) == prefix for n in self.conversations.handed_names()):
+                    why = f"'{spec.name}' is the name or prefix of a server a conversation handed over"
+                    raise Refusal(CONFLICT, why, "clash")
                 assert self._tg is not None, "the registry is not running"
                 pool = WorkerPool(spec, self._upstream_changed, self.metrics)
                 self._register(pool)
@@ -300,6 +305,8 @@ class Registry:
             changed = self.catalog.update(toolset)
             if spec.pin_mode != "off" and self.pins.loaded and not self.pins.seen(spec.name):
                 changed |= await self._pin_first_listing(spec.name)
+            elif spec.pin_mode != "off" and self.pins.loaded:
+                changed |= await self._upgrade_pins(spec.name)
         else:
             changed = self.catalog.remove(upstream.name)
         self.metrics.upstream_up.labels(upstream.name).set(1 if up else 0)
@@ -310,7 +317,16 @@ class Registry:
             self._published[upstream.name] = tools
             self.metrics.tools_changes.labels(upstream.name).inc()
         for collision in self.catalog.collisions:
-            if collision not in self._collisions:
+            if collision.reserved and collision not in self._collisions:
+                [(server, tool)] = collision.origins
+                log.warning(
+                    "tool not offered: its name would pass for one of the gateway's own (manifold__*); give the "
+                    "server a prefix or an override name",
+                    name=collision.name,
+                    server=server,
+                    tool=tool[:128],
+                )
+            elif collision not in self._collisions:
                 log.warning(
                     "tool names collide; each keeps a hash suffix",
                     name=collision.name,
@@ -344,6 +360,16 @@ class Registry:
             log.error("first listing could not be pinned", server=server, reason=describe(e))
         return self.catalog.refresh()
 
+    async def _upgrade_pins(self, server: str) -> bool:
+        """Complete a server's pins of an earlier form that still match (see `Pins.upgrade`); True when the merged
+        listing changed."""
+        try:
+            if not await self.pins.upgrade(self.catalog.offered(server)):
+                return False
+        except StoreError as e:
+            log.error("pins could not be completed", server=server, reason=describe(e))
+        return self.catalog.refresh()
+
     def _observe_pins(self, servers: Iterable[str]) -> None:
         """Log and count definitions unlike their pins, and export how many tools each server has held."""
         for server in servers:
@@ -363,15 +389,19 @@ class Registry:
         for name, upstream in list(self.upstreams.items()):
             if upstream.state is State.UP and upstream.spec.pin_mode != "off" and not self.pins.seen(name):
                 changed |= await self._pin_first_listing(name)
+            elif upstream.state is State.UP and upstream.spec.pin_mode != "off":
+                changed |= await self._upgrade_pins(name)
         listing_changed = changed and self.catalog.refresh()
         self._observe_pins(list(self.upstreams))
         if listing_changed:
             self.metrics.catalog_tools.set(len(self.catalog.entries))
             await self._notify()
 
-    async def approve(self, server: str, tools: Iterable[str]) -> list[str]:
-        """Pin tools of a server as offered now (all its held tools when `tools` is empty); the tools pinned.
-        `KeyError` names a tool the server does not offer."""
+    async def approve(self, server: str, tools: Iterable[str], reviewed: Mapping[str, str] | None = None) -> list[Pin]:
+        """Pin tools of a server as offered now (all its held tools when `tools` is empty); the pins written.
+        With `reviewed` (tool -> the digest the operator reviewed), each tool is pinned only if it is still
+        offered as reviewed, else nothing is and `ChangedSinceReview` says which changed. `KeyError` names a
+        tool the server does not offer."""
         offered = {e.original: e for e in self.catalog.offered(server)}
         by_public = {e.public: e for e in offered.values()}
         wanted = list(tools)
@@ -381,14 +411,20 @@ class Registry:
             if entry is None:
                 raise KeyError(name)
             chosen.append(entry)
+        if reviewed is not None:
+            judged = [(name, self.pins.judge(entry).offered) for name, entry in zip(wanted, chosen, strict=True)]
+            changes = [(name, reviewed[name], now) for name, now in judged if reviewed.get(name) != now]
+            if changes:
+                raise ChangedSinceReview(server, changes)
         if not wanted:
             chosen = [e for e in self.catalog.held.values() if e.server == server]
-        pins = await self.pins.approve(chosen)
+        # the entries checked above are the definitions pinned, whatever the server offers meanwhile
+        pins = await self.pins.approve(chosen, reviewed=reviewed is not None)
         if self.catalog.refresh():
             self.metrics.catalog_tools.set(len(self.catalog.entries))
             await self._notify()
         self._observe_pins([server])
-        return [pin.tool for pin in pins]
+        return pins
 
     async def _notify(self) -> None:
         """Tell every listener; one that fails is logged and the others are still told. This runs in an

@@ -11,7 +11,7 @@ from sse_starlette.sse import AppStatus
 from gateway.app import build_app
 from gateway.config import FileConfig
 from gateway.downstream.server import Frontend
-from gateway.internals.uvicorn import keep_exit_status_clean
+from gateway.internals.uvicorn import ConnectionLimits, keep_exit_status_clean, limited_http
 from gateway.logs import get_logger
 from gateway.settings import Settings
 
@@ -58,10 +58,14 @@ def serve(settings: Settings, config: FileConfig) -> None:
     """Run the gateway until SIGTERM or SIGINT, then drain and stop."""
     check_exposure(settings)
     app = build_app(settings, config)
+    limits = ConnectionLimits(
+        settings.max_header_bytes, settings.header_timeout, settings.body_timeout, settings.max_connections
+    )
     server_config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
+        http=limited_http(limits, app.state.registry.metrics.count_http_refusal),  # httptools, with bounds
         log_config=None,
         access_log=False,  # every call is logged by the gateway; uvicorn's lines were built per request, then dropped
         server_header=False,  # no `server: uvicorn` on every answer

@@ -37,12 +37,24 @@ CommaList = Annotated[list[str], NoDecode]
 
 
 class EgressSettings(BaseModel):
-    """Where runtime-added servers may connect."""
+    """Where servers not read from the config file (runtime, handed over) may connect: the egress rules always
+    apply to them; `allow` lists host names and CIDRs they may reach anyway."""
 
     model_config = ConfigDict(extra="forbid")
 
-    enabled: bool | None = None
+    enabled: bool | None = None  # accepted as true only: the rules cannot be turned off
     allow: list[str] = Field(default_factory=list)
+
+    @field_validator("enabled")
+    @classmethod
+    def _always(cls, value: bool | None) -> bool | None:
+        if value is False:
+            raise ValueError(
+                "the egress rules always apply to servers not read from the config file; list what they may reach "
+                "anyway under runtime.egress.allow (e.g. 127.0.0.0/8), and set runtime.stdio: true to add stdio "
+                "servers through the admin API"
+            )
+        return value
 
 
 class RuntimeSettings(BaseModel):
@@ -51,6 +63,17 @@ class RuntimeSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     egress: EgressSettings = Field(default_factory=EgressSettings)
+    stdio: bool = False  # admin-API servers may be stdio commands (a program the gateway host runs)
+
+
+class HandoverSettings(BaseModel):
+    """Limits of the servers conversations hand over (`manifold/servers/add`, see `gateway/handover.py`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_per_request: int = Field(default=16, ge=1, description="servers one manifold/servers/add may name")
+    max_per_conversation: int = Field(default=16, ge=1, description="handed-over servers one conversation runs")
+    max_per_token: int = Field(default=64, ge=1, description="handed-over servers one token's conversations run")
 
 
 class WorkerSettings(BaseModel):
@@ -97,18 +120,18 @@ class Settings(BaseSettings):
     allow_unauthenticated: bool = False
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
     max_json_depth: int = Field(64, ge=4)
+    max_header_bytes: int = Field(32 * 1024, ge=1024)
+    max_token_bytes: int = Field(16 * 1024, ge=256)
+    header_timeout: float = Field(10.0, gt=0)
+    body_timeout: float = Field(60.0, gt=0)
+    max_connections: int = Field(4096, ge=1)
     max_sessions: int = Field(5000, ge=1)
     session_idle_timeout: float = Field(1800.0, gt=0)
     max_conversation_instances: int = Field(256, ge=1)
+    handover: HandoverSettings = Field(default_factory=HandoverSettings)
     exposure: Exposure = "direct"
     fast_path: bool = True
     workers: WorkerSettings = Field(default_factory=WorkerSettings)
-
-    @property
-    def egress_enabled(self) -> bool:
-        """Egress checks apply by default whenever the admin API is on."""
-        enabled = self.runtime.egress.enabled
-        return (self.admin_token is not None) if enabled is None else enabled
 
     @property
     def resource_url(self) -> str:

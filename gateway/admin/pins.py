@@ -1,4 +1,5 @@
-"""The admin API's pin operations: list pins and their standing, diff one tool, approve tools."""
+"""The admin API's pin operations: list pins and their standing, diff one tool, approve tools (each with the
+digest reviewed, refused when the definition changed since; or, without digests, as offered when applied)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,14 @@ from starlette.responses import JSONResponse, Response
 
 from gateway.admin.store import StoreError
 from gateway.catalog import Entry
-from gateway.pins import Judged, Pin, readable_diff, visible
+from gateway.pins import ChangedSinceReview, Judged, Pin, given_digest, readable_diff, visible
 from gateway.registry import Registry
 
 MAX_BODY = 64 * 1024
+APPROVE_BODY = (
+    'the body must be {"tools": {tool: the digest reviewed, ...}}, or {"tools": [tool names]} to approve what is '
+    "offered when the approval is applied (empty or absent: every held tool)"
+)
 Handler = Callable[[Request], Awaitable[Response]]
 
 
@@ -113,15 +118,32 @@ def pin_handlers(registry: Registry) -> dict[str, Handler]:
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             return _error(400, f"the body is not valid JSON: {e}")
         tools = body.get("tools", []) if isinstance(body, dict) else None
+        reviewed: dict[str, str] | None = None
+        if isinstance(tools, dict) and tools and all(isinstance(d, str) for d in tools.values()):
+            reviewed = {name: given_digest(value) or "" for name, value in tools.items()}
+            if bad := [name for name, value in reviewed.items() if not value]:
+                return _error(400, f"not a digest (sha256:<64 hex digits>, as `pins diff` shows it) for {bad[0]!r}")
+            tools = list(reviewed)
         if not isinstance(tools, list) or not all(isinstance(t, str) for t in tools):
-            return _error(400, 'the body must be {"tools": [tool names]} (empty or absent: every held tool)')
+            return _error(400, APPROVE_BODY)
         try:
-            approved = await registry.approve(server, tools)
+            approved = await registry.approve(server, tools, reviewed)
         except KeyError as e:
             return _error(404, f"server {server!r} offers no tool named {e.args[0]!r}")
+        except ChangedSinceReview as e:
+            changed = [{"tool": tool, "reviewed": was, "offered": now} for tool, was, now in e.changes]
+            return JSONResponse({"error": str(e), "changed": changed}, status_code=409)
         except StoreError as e:
             return _error(503, f"the store is unavailable: {e}")
         mode = registry.upstreams[server].spec.pin_mode
-        return JSONResponse({"server": server, "approved": approved, "mode": mode})
+        return JSONResponse(
+            {
+                "server": server,
+                "approved": [pin.tool for pin in approved],
+                "digests": {pin.tool: pin.digest for pin in approved},
+                "reviewed": reviewed is not None,
+                "mode": mode,
+            }
+        )
 
     return {"list_pins": list_pins, "diff_pin": diff_pin, "approve_pins": approve_pins}

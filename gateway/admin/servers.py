@@ -51,12 +51,17 @@ class Runtime:
 
     def __init__(self, registry: Registry, store: Store, settings: Settings) -> None:
         self.registry, self.store, self.settings = registry, store, settings
-        self.egress = EgressPolicy.from_allow(settings.runtime.egress.allow) if settings.egress_enabled else None
+        self.egress = EgressPolicy.from_allow(settings.runtime.egress.allow)
         self.health = StoreHealth()
         self.bad_rows: dict[str, str] = {}  # stored rows that cannot be read back: name -> why (never the row)
         self._lock = anyio.Lock()
         self._applied: dict[str, Options] = {}
         self._wake = anyio.Event()
+
+    def egress_for(self, spec: ServerSpec) -> EgressPolicy | None:
+        """The egress rules a runtime server connects under: always, but for a stdio server while `runtime.stdio`
+        allows those (it has no address to check; without it, the connection refuses the command)."""
+        return None if spec.kind == "stdio" and self.settings.runtime.stdio else self.egress
 
     async def validate(self, body: Any) -> tuple[ServerSpec, Options]:
         """The spec and storable options of an add request, or `RuntimeError_(422, every problem)`."""
@@ -81,9 +86,9 @@ class Runtime:
         spec = parse_server(name, options, "server", problems)
         if spec is not None and spec.credential in self.settings.credentials:
             problems += use_problems(spec, spec.credential, self.settings.credentials[spec.credential])
-        if spec is not None and self.egress is not None:
-            if spec.command is not None:
-                problems.append("command: runtime servers must use HTTP(S) while egress checks are on")
+        if spec is not None:
+            if spec.command is not None and not self.settings.runtime.stdio:
+                problems.append("command: runtime servers must use HTTP(S) (a stdio server needs runtime.stdio: true)")
             elif spec.url is not None:
                 try:
                     await check_url(spec.url, self.egress)
@@ -102,7 +107,7 @@ class Runtime:
             if not await self._store_call(self.store.add(spec.name, options)):
                 raise RuntimeError_(409, [f"a server named {spec.name!r} already exists (in the store)"])
             try:
-                await self.registry.add(spec, "runtime", self.egress)
+                await self.registry.add(spec, "runtime", self.egress_for(spec))
             except NameTaken:  # a config reload took the name since the check above: undo the store's row
                 await self._store_call(self.store.remove(spec.name))
                 raise RuntimeError_(409, [f"a server named {spec.name!r} already exists"]) from None
@@ -188,7 +193,7 @@ class Runtime:
                     log.warning("stored server is invalid; skipped", server=name, problems=problems)
                     continue
                 try:
-                    await self.registry.replace(spec, "runtime", self.egress, replacing="runtime")
+                    await self.registry.replace(spec, "runtime", self.egress_for(spec), replacing="runtime")
                 except NameTaken:  # the config file took the name since the check above
                     log.warning("stored server shadowed by the config file", server=name)
                     continue

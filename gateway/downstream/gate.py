@@ -164,6 +164,7 @@ class Limits:
 
     max_body_bytes: int = 4 * 1024 * 1024
     max_json_depth: int = 64
+    max_token_bytes: int = 16 * 1024  # a longer bearer token is refused before it is looked at
 
 
 @dataclass
@@ -195,6 +196,13 @@ class AuthGate:
     ) -> tuple[View, str | None] | None:
         """The caller's view and (for an OAuth token) subject; None when a refusal was sent."""
         presented = header[7:].strip() if header and header[:7].lower() == b"bearer " else None
+        if presented is not None and len(presented) > self.limits.max_token_bytes:
+            too_long = f"the token is longer than {self.limits.max_token_bytes} bytes"
+            refusal = Refusal(401, "invalid_token", too_long, outcome="too_long")
+            if self.oauth is not None:
+                self.oauth.on_outcome(refusal.outcome)
+            await self._refuse(send, endpoint, refusal)
+            return None
         token = self._tokens.identify(header) if presented and self._tokens else None
         if token is not None:
             if not await self._within_rate(self._buckets.get(token.name), "token", send):
@@ -276,7 +284,10 @@ class AuthGate:
             await _reject(send, 404, -32600, "Session not found")
             return
         if scope["method"] == "POST":
-            body = await _read_body(receive, self.limits.max_body_bytes)
+            try:
+                body = await _read_body(receive, self.limits.max_body_bytes)
+            except Gone:
+                return  # the client left (or was cut off) before its body was whole: none of it is acted on
             if body is None:
                 await _reject(send, 413, -32600, f"Request body over {self.limits.max_body_bytes} bytes")
                 return
@@ -310,12 +321,17 @@ class AuthGate:
         await self.app(scope, receive, send_watching)
 
 
+class Gone(Exception):
+    """The client left before its request body was whole."""
+
+
 async def _read_body(receive: Receive, limit: int) -> bytes | None:
+    """The whole body, or None when it is over `limit`; raises `Gone` when the client left before its end."""
     chunks, size = [], 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            break
+            raise Gone
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:

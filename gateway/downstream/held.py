@@ -5,7 +5,8 @@ A 2026-07-28 client cannot be sent a request mid-call. When the server of its ca
 with an `input_required` result naming what the server asked, and the client's retry (with
 `inputResponses` and the `requestState` it was given) delivers the answers to the waiting server.
 A held call nobody comes back for is cancelled after the server's timeout. Held calls live in this
-process: the retry must reach the same replica.
+process: the retry must reach the same replica. A held call is its caller's: its `requestState` opens it
+only for the same caller (token, or OAuth rule and subject) retrying the same tool.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ class Held:
     capabilities: Json
     deadline: float
     labels: Json = field(default_factory=dict)
+    owner: str = ""  # who called (its token, or OAuth rule and subject): the only caller that may answer
+    tool: str = ""  # the public name called: the only tool a retry may name
     asks: dict[str, tuple[Json, anyio.Event]] = field(default_factory=dict)
     answers: dict[str, Json] = field(default_factory=dict)
     result: Json | None = None
@@ -97,30 +100,37 @@ class HeldCalls:
         self._key = key or secrets.token_bytes(32)
         self._held: dict[str, Held] = {}
 
-    def state(self, held: Held) -> str:
-        """The `requestState` that brings a retry back to `held`."""
-        tag = hmac.new(self._key, held.key.encode(), hashlib.sha256).hexdigest()[:32]
-        return f"{STATE_PREFIX}{held.key}.{tag}"
+    def _tag(self, key: str, owner: str, tool: str) -> str:
+        bound = "\0".join((key, owner, tool)).encode()
+        return hmac.new(self._key, bound, hashlib.sha256).hexdigest()[:32]
 
-    def find(self, state: str | None) -> Held | None:
-        """The held call a `requestState` names, or None (not ours, tampered, or expired)."""
+    def state(self, held: Held) -> str:
+        """The `requestState` that brings a retry back to `held`: bound to its caller and its tool."""
+        return f"{STATE_PREFIX}{held.key}.{self._tag(held.key, held.owner, held.tool)}"
+
+    def find(self, state: str | None, owner: str, tool: str) -> Held | None:
+        """The held call a `requestState` names, for `owner` retrying `tool`; None when it is not ours, was
+        altered, expired, or is another caller's or another tool's (all alike, so nothing is revealed)."""
         if not state or not state.startswith(STATE_PREFIX):
             return None
         key, _, tag = state[len(STATE_PREFIX) :].partition(".")
-        expected = hmac.new(self._key, key.encode(), hashlib.sha256).hexdigest()[:32]
-        if not hmac.compare_digest(tag, expected):
+        if not hmac.compare_digest(tag, self._tag(key, owner, tool)):
             return None
-        return self._held.get(key)
+        held = self._held.get(key)
+        return held if held is not None and (held.owner, held.tool) == (owner, tool) else None
 
     @staticmethod
     def ours(state: str | None) -> bool:
         """Whether a `requestState` was made here (else it is the server's own, passed through)."""
         return bool(state and state.startswith(STATE_PREFIX))
 
-    def open(self, capabilities: Json, timeout: float, labels: Json | None = None) -> Held:
-        """A new held call for a caller with `capabilities`, cancelled unless done or answered within `timeout`;
-        `labels` go in the `_meta` of each `input_required` round (which server asks, how far to trust it)."""
-        held = Held(secrets.token_hex(12), capabilities, anyio.current_time() + timeout, dict(labels or {}))
+    def open(self, capabilities: Json, timeout: float, labels: Json | None = None, *, owner: str, tool: str) -> Held:
+        """A new held call of `owner` to `tool`, for a caller with `capabilities`, cancelled unless done or
+        answered within `timeout`; `labels` go in the `_meta` of each `input_required` round (which server
+        asks, how far to trust it)."""
+        held = Held(
+            secrets.token_hex(12), capabilities, anyio.current_time() + timeout, dict(labels or {}), owner, tool
+        )
         held.scope.deadline = held.deadline
         self._held[held.key] = held
         return held

@@ -11,6 +11,7 @@ so a client's next requests skip the signature check.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import math
@@ -192,6 +193,19 @@ class Keys:
         raise ValueError("no usable authorization server metadata: " + "; ".join(problems))
 
 
+def _header_problem(token: bytes) -> str:
+    """What is wrong with a JOSE header PyJWT refused after it parsed (a `kid` that is no string, a `crit`)."""
+    try:
+        header = json.loads(base64.urlsafe_b64decode(token.split(b".", 1)[0] + b"=="))
+    except ValueError:
+        header = {}
+    if isinstance(header, dict) and "crit" in header:
+        return "the token's header lists critical extensions (crit), which the gateway does not support"
+    if isinstance(header, dict) and not isinstance(header.get("kid", ""), str):
+        return "the token's kid header is not a string"
+    return "the token's header is malformed"
+
+
 async def _fetch_json(url: str) -> Any:
     """GET a JSON document (no redirects, bounded size)."""
     async with (
@@ -222,7 +236,7 @@ class ResourceServer:
     def __post_init__(self) -> None:
         if self.keys is None:
             self.keys = Keys(self.config)
-        self._audience = frozenset(self.config.audience or [self.resource])
+        self._audience = frozenset([*(self.config.audience or []), self.resource])  # /mcp's is good everywhere
         parts = urlsplit(self.resource)
         self._origin, self._path = f"{parts.scheme}://{parts.netloc}", parts.path
 
@@ -328,6 +342,8 @@ class ResourceServer:
             header = jwt.get_unverified_header(token)
         except jwt.DecodeError:
             raise _invalid("the token's header is not valid base64url JSON", "malformed") from None
+        except jwt.InvalidTokenError:  # PyJWT's own header checks; its words may quote the header, so not shown
+            raise _invalid(_header_problem(token), "malformed") from None
         alg = header.get("alg")
         if not isinstance(alg, str) or alg not in self.config.algorithms:
             raise _invalid(

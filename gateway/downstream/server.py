@@ -50,14 +50,15 @@ from gateway.exposure import (
     found_result,
     search_request,
 )
-from gateway.handover import Refused, spec_of
+from gateway.handover import HandOver, Refused
 from gateway.internals.sdk import REPLAYED
 from gateway.logs import get_logger
 from gateway.registry import Registry
+from gateway.settings import HandoverSettings
 from gateway.tasks import Tasks
 from gateway.upstream.asks import ASKING
 from gateway.upstream.connection import Upstream
-from gateway.upstream.errors import CallFailed, State
+from gateway.upstream.errors import State
 
 log = get_logger("server")
 SESSION_HEADER = "mcp-session-id"
@@ -185,7 +186,6 @@ class Frontend:
         self.exposure = exposure
         self.listings = Listings(registry.catalog, self.deferred, self._always)
         self.finder = Finder(registry.catalog)
-        self.revealed: dict[str, set[str]] = {}  # 2025 session -> tools a search returned to it (deferred)
         self.confirm_key = confirm_key or secrets.token_bytes(32)
         self._channels = {name: _Channel() for name in self.views}
         self._seen: dict[tuple[str, str], Any] = {}
@@ -194,7 +194,8 @@ class Frontend:
         self.draining = False
         self.held = HeldCalls()
         self.tasks = Tasks()
-        self.egress: EgressPolicy | None = None  # runtime servers' egress rules, for servers clients hand over
+        # servers clients hand over: the egress rules (the defaults until the app gives the configured ones), bounds
+        self.handover = HandOver(registry, EgressPolicy.from_allow(()), HandoverSettings())
         self.calls_in_flight = 0
         self._calls_done = anyio.Event()
         self.server = ManifoldServer(
@@ -239,7 +240,6 @@ class Frontend:
         registry.metrics.downstream_sessions.set_function(self.sessions.count)
 
     def _session_ended(self, session_id: str) -> None:
-        self.revealed.pop(session_id, None)
         self.registry.conversations.end(f"session:{session_id}")
 
     def deferred(self, view: View) -> bool:
@@ -271,7 +271,7 @@ class Frontend:
     def _revealed_tools(self, ctx: ServerRequestContext[Any], view: View, listed: set[str]) -> list[Json]:
         """The tools a search returned to this 2025 session that are still in its view (deferred exposure)."""
         session_id = ctx.request.headers.get(SESSION_HEADER) if ctx.request is not None else None
-        names = self.revealed.get(session_id or "")
+        names = self.sessions.revealed(session_id)
         if not names:
             return []
         entries = self.registry.catalog.entries
@@ -306,36 +306,22 @@ class Frontend:
         session_id = ctx.request.headers.get(SESSION_HEADER) if ctx.request is not None else None
         if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS or not session_id or not names:
             return
-        known = self.revealed.setdefault(session_id, set())
-        fresh = [n for n in names if n not in known][: max(0, MAX_REVEALED - len(known))]
-        if fresh:
-            known.update(fresh)
+        if self.sessions.reveal(session_id, names, MAX_REVEALED):
             try:
                 await ctx.session.send_tool_list_changed()
             except Exception as e:
                 log.debug("list_changed not delivered", reason=str(e))
 
     async def _hand_over(self, ctx: ServerRequestContext[Any], params: Any) -> Any:
-        """`manifold/servers/add`: start the servers this conversation hands over (ACP `mcpServers` shape)."""
+        """`manifold/servers/add`: start the servers this conversation hands over (see `gateway.handover`)."""
         raw = ctx.params if isinstance(ctx.params, dict) else {}
-        servers = raw.get("mcpServers")
-        if not isinstance(servers, list) or not servers:
-            raise MCPError(types.INVALID_PARAMS, "manifold/servers/add needs a non-empty `mcpServers` list")
         conversation = CONVERSATION.get()
         assert conversation is not None
         view = request_view(ctx)
-        report = []
-        for entry in servers[:32]:
-            name = entry.get("name") if isinstance(entry, dict) else None
-            try:
-                spec = spec_of(entry, view.may_add)
-                if spec.name in self.registry.upstreams:
-                    raise Refused(f"the name '{spec.name}' is a configured server's")
-                status = await self.registry.conversations.hand_over(conversation, spec, self.egress)
-                report.append({"name": spec.name, "status": status})
-            except (Refused, CallFailed) as e:
-                report.append({"name": str(name)[:64], "status": "failed", "error": str(e)})
-                log.info("handed-over server refused", server=str(name)[:64], reason=str(e))
+        try:
+            report = await self.handover.add(conversation, request_owner(ctx), view.may_add, raw.get("mcpServers"))
+        except Refused as e:
+            raise MCPError(types.INVALID_PARAMS, str(e)) from None
         if any(r["status"] == "started" for r in report):
             await self.broadcast_tools_changed()
         return {"servers": report}
@@ -366,9 +352,12 @@ class Frontend:
         with self.tracking_call():
             caller = self._caller(ctx)
             if caller.modern and HeldCalls.ours(params.request_state):
-                held = self.held.find(params.request_state)
+                held = self.held.find(params.request_state, request_owner(ctx), params.name)
                 if held is None:
-                    raise MCPError(types.INVALID_PARAMS, "requestState is unknown, expired or was altered")
+                    raise MCPError(
+                        types.INVALID_PARAMS,
+                        "requestState is unknown, expired or was altered (or it is another caller's or another tool's)",
+                    )
                 responses = params.model_dump(by_alias=True, mode="json", include={"input_responses"})
                 held.answer(responses.get("inputResponses") or {})
                 return await self.held.next_answer(held)
@@ -378,7 +367,9 @@ class Frontend:
             if upstream is not None:
                 trust = "trusted" if upstream.spec.trusted else "outside"
                 labels = {"manifold/server": upstream.name, "manifold/trust": trust}
-                held = self.held.open(caller.capabilities, upstream.spec.timeout, labels)
+                held = self.held.open(
+                    caller.capabilities, upstream.spec.timeout, labels, owner=request_owner(ctx), tool=params.name
+                )
 
                 async def call() -> Any:
                     return await call_tool(

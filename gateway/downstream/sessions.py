@@ -58,6 +58,7 @@ class Session:
     talks: bool = False
     subscribed: set[str] = field(default_factory=set)
     dormant: Dormant | None = None
+    revealed: set[str] = field(default_factory=set)  # tools a search added to its listing (deferred exposure)
 
 
 class Sessions:
@@ -184,6 +185,21 @@ class Sessions:
             if session.pusher is not None:
                 for uri in session.subscribed:
                     yield session.view, uri, session.pusher
+
+    def revealed(self, session_id: str | None) -> set[str]:
+        """The tools a search added to the session's listing (none for a session unknown here)."""
+        session = self._by_id.get(session_id) if session_id is not None else None
+        return session.revealed if session is not None else set()
+
+    def reveal(self, session_id: str, names: list[str], limit: int) -> list[str]:
+        """Add tools a search found to the session's listing, `limit` at most in all; the ones new to it. They go
+        with the session's record, when it is deleted or idles out."""
+        session = self._by_id.get(session_id)
+        if session is None:
+            return []
+        fresh = [n for n in dict.fromkeys(names) if n not in session.revealed][: max(0, limit - len(session.revealed))]
+        session.revealed.update(fresh)
+        return fresh
 
     def knows(self, session_id: str) -> bool:
         """Whether the session has served a request through the SDK (so it is initialised)."""

@@ -232,7 +232,7 @@ class Shortcut:
         if method == "tools/list":
             if not params.keys() <= LIST_PARAMS:
                 return False  # a cursor: the SDK path words the refusal
-            if session_id is not None and self.frontend.revealed.get(session_id):
+            if self.frontend.sessions.revealed(session_id):
                 return False  # a search added tools to this session's listing
             self.registry.metrics.count_request(method)
             await _respond(send, self.frontend.listings.body(view, version), request_id, 200, session_id)

@@ -20,6 +20,7 @@ from mcp import MCPError
 from mcp.client.session import ClientRequestContext
 from pydantic import BaseModel, ValidationError
 
+from gateway.bucket import Throttle
 from gateway.config import ServerSpec
 from gateway.labels import META_PREFIX
 from gateway.logs import get_logger
@@ -30,6 +31,7 @@ log = get_logger("asks")
 # Each request a server may make of the user, and the client capability it needs.
 CAPABILITY = {"sampling/createMessage": "sampling", "elicitation/create": "elicitation", "roots/list": "roots"}
 ASKING = tuple(CAPABILITY.values())  # the client capabilities a server may ask through
+REFUSALS_PER_SECOND, REFUSALS_BURST = 1.0, 10  # refused requests of one server logged at most, as stderr lines are
 
 
 class Caller(Protocol):
@@ -90,6 +92,7 @@ class Callers:
         self._ids = itertools.count()
         self._passing = 0
         self._passed = anyio.Event()
+        self._refusals = Throttle(REFUSALS_PER_SECOND, REFUSALS_BURST)  # a server may ask in a loop
 
     @contextmanager
     def serving(self, caller: Caller | None) -> Iterator[None]:
@@ -117,7 +120,10 @@ class Callers:
         caller = self.current()
         if caller is None:
             why = "no call of this server is in flight" if not self._live else "calls of several clients are in flight"
-            log.warning("server request refused", server=self._spec.name, method=method, reason=why)
+            if (dropped := self._refusals.admit()) is not None:
+                if dropped:
+                    log.warning("server request refusals suppressed", server=self._spec.name, count=dropped)
+                log.warning("server request refused", server=self._spec.name, method=method, reason=why)
             raise MCPError(types.INVALID_REQUEST, f"{method} cannot be relayed: {why}")
         return await self.ask_of(caller, method, params)
 

@@ -42,10 +42,10 @@ from gateway.egress import (
     pinned_transport,
 )
 from gateway.internals.sdk import caller_capabilities, negotiate_auto
-from gateway.logs import get_logger
+from gateway.logs import get_logger, traceback_text
 from gateway.metrics import Metrics
 from gateway.upstream.asks import Callers
-from gateway.upstream.errors import State, describe
+from gateway.upstream.errors import State, describe, programming_error
 from gateway.upstream.http11 import MAX_ANSWER, HttpWire, uses_proxy
 from gateway.upstream.invoke import Channel, Invoker
 from gateway.upstream.lenient import LenientTransport
@@ -182,6 +182,7 @@ class Upstream:
                 reason = "connection closed"
             except Exception as e:
                 reason = describe(e)
+                self._report_bug(e)
                 if self.state is not State.UP and self._metrics is not None:
                     self._metrics.count_connect(self.name, "error")
             healthy_for = time.monotonic() - started if self.state is State.UP else 0.0
@@ -193,6 +194,19 @@ class Upstream:
             log.info("upstream reconnect scheduled", server=self.name, delay_s=round(delay, 2))
             await anyio.sleep(delay)
             await self._set_state(State.CONNECTING, self.error)
+
+    def _report_bug(self, exc: Exception, metrics: Metrics | None = None, where: str = "upstream") -> None:
+        """Log a programming error's traceback and count it: it would otherwise pass for the server's failure."""
+        if not programming_error(exc):
+            return
+        log.error(
+            "programming error while serving the connection; it is retried as if the server had failed",
+            server=self.name,
+            error=type(exc).__name__,
+            traceback=traceback_text(exc),
+        )
+        if (metrics := metrics or self._metrics) is not None:
+            metrics.count_internal_error(where)
 
     async def _connect_and_serve(self, resolved: ResolvedServer) -> None:
         self._closed = anyio.Event()
@@ -266,15 +280,14 @@ class Upstream:
                 bearer.token()
             )  # obtained at connect: a credential that cannot get one is the reason the server is down
         if kind == "sse":
-            # to the checked address, as the streamable HTTP client below (by name, DNS could answer otherwise)
-            pinned = {"httpx_client_factory": pinned_client_factory(checked)} if checked is not None else {}
             return sse_client(
                 r.url,
                 headers=r.headers,
                 timeout=30,
                 sse_read_timeout=max(300, self.spec.timeout),
+                # to the checked address, as the streamable HTTP client below (by name, DNS could answer otherwise)
+                httpx_client_factory=pinned_client_factory(checked),
                 auth=BearerAuth(bearer) if bearer is not None else None,
-                **pinned,
             )
         return self._streamable_http(r.url, r.headers, checked, bearer)
 

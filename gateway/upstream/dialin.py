@@ -15,6 +15,7 @@ from starlette.websockets import WebSocket
 from gateway.access import TokenSpec, TokenTable
 from gateway.config import NAME_PATTERN, ServerSpec
 from gateway.logs import get_logger
+from gateway.naming import reserved_problem
 from gateway.registry import NameTaken, Registry
 from gateway.settings import WorkerSettings
 from gateway.upstream.workers import (
@@ -66,6 +67,8 @@ class WorkerDoor:
                 "give the name to offer as ?name=NAME (letters, digits, '.', '_' or '-', at most 64)",
                 "bad_name",
             )
+        if (reserved := reserved_problem(name)) is not None:
+            return Refusal(BAD_REQUEST, reserved, "bad_name")
         if not token.may_offer_name(name):
             return Refusal(FORBIDDEN, f"token '{token.name}' may not offer '{name}' (see its may_offer)", "forbidden")
         return None

@@ -100,3 +100,23 @@ def describe(exc: BaseException) -> str:
     else:
         text = str(exc) or type(exc).__name__
     return redact_text(text.splitlines()[0] if text else type(exc).__name__)[:300]
+
+
+# Exceptions that mean the code is wrong, not that the server or the network failed.
+PROGRAMMING_ERRORS: tuple[type[Exception], ...] = (
+    TypeError,
+    AttributeError,
+    NameError,
+    LookupError,
+    AssertionError,
+    ArithmeticError,
+    NotImplementedError,
+)
+
+
+def programming_error(exc: BaseException) -> bool:
+    """Whether `exc` (or one in its group) is a fault of the code, worth a traceback, rather than a failure of the
+    server or the network."""
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.subgroup(lambda e: isinstance(e, PROGRAMMING_ERRORS)) is not None
+    return isinstance(exc, PROGRAMMING_ERRORS)

@@ -30,7 +30,7 @@ from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.message import SessionMessage
 from pydantic import ValidationError
 
-from gateway.bucket import TokenBucket
+from gateway.bucket import Throttle, TokenBucket
 from gateway.jsonrpc import decode, encode, report_progress
 from gateway.logs import get_logger, redact_text
 from gateway.upstream.errors import AnswerLost, NotSent
@@ -301,18 +301,15 @@ async def stdio_transport(
 
     async def stderr_reader() -> None:
         assert process.stderr is not None
-        budget = TokenBucket(STDERR_LINES_PER_SECOND, STDERR_BURST)
-        dropped = 0
+        throttle = Throttle(STDERR_LINES_PER_SECOND, STDERR_BURST)
         with suppress(anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
             async for line in _lines(process.stderr, MAX_STDERR_LINE, server, "stderr"):
-                if budget.take() > 0:
-                    dropped += 1
-                else:
-                    if dropped:
-                        log.warning("upstream stderr lines suppressed", server=server, count=dropped)
-                        dropped = 0
-                    text = redact_text(line.decode(errors="replace").rstrip())[:2000]
-                    log.info("upstream stderr", server=server, line=text)
+                if (dropped := throttle.admit()) is None:
+                    continue
+                if dropped:
+                    log.warning("upstream stderr lines suppressed", server=server, count=dropped)
+                text = redact_text(line.decode(errors="replace").rstrip())[:2000]
+                log.info("upstream stderr", server=server, line=text)
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(stdout_reader)

@@ -188,6 +188,7 @@ class WorkerLink(Upstream):
                     tg.cancel_scope.cancel()
             except Exception as e:
                 reason = describe(e)
+                self._report_bug(e, self.pool._workers_metric, "worker")
         if self.refusal is None and self.socket.problem is not None:
             self.refusal = self.socket.problem
         self.session = None

@@ -139,7 +139,7 @@ def test_admin_api_is_off_without_a_token(tmp_path: Path) -> None:
 
 
 async def test_removing_a_stdio_runtime_server_stops_its_process_group(tmp_path: Path) -> None:
-    config = {**admin_config(), "runtime": {"egress": {"enabled": False}}}
+    config = {**admin_config(), "runtime": {"stdio": True}}
     with run_gateway(tmp_path, config, env=ENV) as gw:
         added = api(gw, "POST", "/admin/servers", json={"name": "local", **stdio_spec()})
         assert added.status_code == 201, added.text

@@ -14,8 +14,9 @@ import pytest
 from mcp import MCPError
 
 from gateway.internals.sdk import send_unchecked
-from tests.fixtures.servers import FIXTURE, stdio_spec
+from tests.fixtures.servers import FIXTURE, free_port, run_http_fixture, stdio_spec
 from tests.integration.conftest import Gateway, connect, run_gateway, wait_until
+from tests.integration.test_workers import fixture_server, logged, served_by, worker
 
 pytestmark = pytest.mark.anyio
 LEGACY = "2025-11-25"
@@ -116,3 +117,135 @@ async def test_what_a_token_may_not_hand_over_is_refused_with_the_reason(tmp_pat
             web_clash = await send_unchecked(web.session, "manifold/servers/add", {"mcpServers": [clash]})
             assert web_clash["servers"][0]["status"] == "failed"
         assert SECRET not in gw.log()
+
+
+# --- the egress rules, the bounds, one namespace ------------------------------------------------------------------
+
+NO_ADMIN = {k: v for k, v in ENV.items() if k != "MANIFOLD_ADMIN_TOKEN"}
+
+
+def web_entry(url: str, name: str = "web") -> dict[str, Any]:
+    return {"type": "sse" if url.endswith("/sse") else "http", "name": name, "url": url}
+
+
+def stdio_entry(name: str, label: str) -> dict[str, Any]:
+    return {**mine(label), "name": name}
+
+
+async def hand_over(client: Any, *entries: dict[str, Any]) -> list[dict[str, Any]]:
+    added = await send_unchecked(client.session, "manifold/servers/add", {"mcpServers": list(entries)})
+    return list(added["servers"])
+
+
+@pytest.mark.parametrize("transport", ["http", "sse"])
+async def test_a_handed_http_server_passes_the_egress_rules_without_the_admin_api(
+    tmp_path: Path, transport: str
+) -> None:
+    with run_http_fixture(transport=transport, name="inside") as inside:
+        with run_gateway(tmp_path, config(), env=NO_ADMIN) as gw:
+            ready(gw)
+            assert "MANIFOLD_ADMIN_TOKEN" not in {**os.environ, **NO_ADMIN}, "the admin API is off"
+            async with connect(gw.url, LEGACY, headers=bearer(WEB)) as web:
+                [entry] = await hand_over(web, web_entry(inside.url))
+                assert entry["status"] == "failed", entry
+                assert "egress" in entry["error"] and "loopback" in entry["error"], entry
+                assert "web__whoami" not in await web.tool_names()
+        allowed = {**config(), "runtime": {"egress": {"allow": ["127.0.0.0/8"]}}}
+        with run_gateway(tmp_path, allowed, env=NO_ADMIN) as gw:
+            ready(gw)
+            async with connect(gw.url, LEGACY, headers=bearer(WEB)) as web:
+                assert await hand_over(web, web_entry(inside.url)) == [{"name": "web", "status": "started"}]
+                who = json.loads((await web.call("web__whoami")).content[0].text)
+                assert who["argv"][who["argv"].index("--name") + 1] == "inside"
+
+
+async def test_handed_servers_count_against_max_conversation_instances(tmp_path: Path) -> None:
+    label = f"capped-{os.getpid()}"
+    with run_gateway(tmp_path, {**config(), "max_conversation_instances": 2}, env=ENV) as gw:
+        ready(gw)
+        async with connect(gw.url, LEGACY, headers=bearer(AGENT)) as a:
+            report = await hand_over(a, *(stdio_entry(f"s{i}", label) for i in range(3)))
+            assert sorted(r["status"] for r in report) == ["failed", "started", "started"], report
+            [failed] = [r for r in report if r["status"] == "failed"]
+            assert "max_conversation_instances" in failed["error"], failed
+            assert processes(label) == 2
+        await wait_until(lambda: processes(label) == 0, 5, "handed servers to stop")
+
+
+async def test_handed_servers_are_bounded_per_conversation_and_per_token(tmp_path: Path) -> None:
+    label = f"bounded-{os.getpid()}"
+    cfg = config()
+    cfg["auth"]["tokens"].append({"name": "other", "token": "${T_OTHER}", "may_add": "stdio"})
+    cfg["handover"] = {"max_per_conversation": 2, "max_per_token": 3}
+    other = "other-token-0123456789abcdef"
+    with run_gateway(tmp_path, cfg, env={**ENV, "T_OTHER": other}) as gw:
+        ready(gw)
+        async with (
+            connect(gw.url, LEGACY, headers=bearer(AGENT)) as a,
+            connect(gw.url, LEGACY, headers=bearer(AGENT)) as b,
+            connect(gw.url, LEGACY, headers=bearer(other)) as c,
+        ):
+            first = await hand_over(a, *(stdio_entry(f"a{i}", label) for i in range(3)))
+            assert [r["status"] for r in first] == ["started", "started", "failed"], first
+            assert "max_per_conversation" in first[2]["error"]
+            second = await hand_over(b, *(stdio_entry(f"b{i}", label) for i in range(2)))
+            assert [r["status"] for r in second] == ["started", "failed"], second
+            assert "max_per_token" in second[1]["error"]
+            assert await hand_over(c, stdio_entry("c0", label)) == [{"name": "c0", "status": "started"}]
+            assert processes(label) == 4
+        await wait_until(lambda: processes(label) == 0, 5, "handed servers to stop")
+
+
+async def test_one_request_hands_over_at_most_max_per_request_servers(tmp_path: Path) -> None:
+    with run_gateway(tmp_path, config(), env=ENV) as gw:
+        ready(gw)
+        async with connect(gw.url, LEGACY, headers=bearer(AGENT)) as a:
+            entries = [stdio_entry(f"n{i}", f"many-{os.getpid()}") for i in range(17)]
+            with pytest.raises(MCPError) as err:
+                await hand_over(a, *entries)
+            assert "at most 16" in err.value.error.message and "handover.max_per_request" in err.value.error.message
+            assert processes(f"many-{os.getpid()}") == 0
+
+
+async def test_a_refused_or_failing_server_is_reported_at_once(tmp_path: Path) -> None:
+    closed = f"http://127.0.0.1:{free_port()}/mcp"
+    with run_gateway(tmp_path, config(), env=ENV) as gw:
+        ready(gw)
+        async with connect(gw.url, LEGACY, headers=bearer(AGENT)) as a:
+            started = time.monotonic()
+            report = await hand_over(
+                a,
+                web_entry(closed, "refused"),  # loopback: the egress rules refuse it
+                {"name": "absent", "command": "/nonexistent/mcp-server"},
+            )
+            took = time.monotonic() - started
+            assert [r["status"] for r in report] == ["failed", "failed"], report
+            assert "loopback" in report[0]["error"] and "command not found" in report[1]["error"], report
+            assert took < 4, f"took {took:.1f} s (startup_timeout is 10 s)"
+    allowed = {**config(), "runtime": {"egress": {"allow": ["127.0.0.0/8"]}}}
+    with run_gateway(tmp_path, allowed, env=ENV) as gw:
+        ready(gw)
+        async with connect(gw.url, LEGACY, headers=bearer(AGENT)) as a:
+            started = time.monotonic()
+            [entry] = await hand_over(a, web_entry(closed, "nobody"))  # allowed, but nothing listens there
+            took = time.monotonic() - started
+            assert entry["status"] == "failed" and "connection refused" in entry["error"], entry
+            assert took < 4, f"took {took:.1f} s (startup_timeout is 10 s)"
+
+
+async def test_a_worker_cannot_take_a_handed_servers_name(tmp_path: Path) -> None:
+    label = f"handed-w-{os.getpid()}"
+    cfg = config()
+    cfg["auth"]["tokens"].append({"name": "laptop", "token": "${T_LAPTOP}", "servers": [], "may_offer": ["mine", "w*"]})
+    laptop = "laptop-token-0123456789abcdef"
+    with run_gateway(tmp_path, cfg, env={**ENV, "T_LAPTOP": laptop}) as gw:
+        ready(gw)
+        async with connect(gw.url, LEGACY, headers=bearer(AGENT)) as a:
+            assert await hand_over(a, mine(label)) == [{"name": "mine", "status": "started"}]
+            with worker(gw, "mine", laptop, fixture_server("from-worker")) as clash:
+                await logged(clash, "'mine' is the name or prefix of a server a conversation handed over")
+                assert served_by(await a.call("mine__whoami")) == label
+            with worker(gw, "wtaken", laptop, fixture_server("w")):
+                await a.wait_for(lambda names: "wtaken__whoami" in names)
+                [entry] = await hand_over(a, stdio_entry("wtaken", label))
+                assert entry["status"] == "failed" and "offered by workers" in entry["error"], entry

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +126,37 @@ async def test_a_request_with_no_call_in_flight_gets_a_clean_error(gateway: Gate
     [refused] = refusals(gateway, "sampling/createMessage")[seen:]
     assert refused["server"] == "scripted" and refused["reason"] == "no call of this server is in flight"
     assert asked == []
+
+
+def answered(gw: Gateway, times: int) -> Callable[[], bool]:
+    """Whether the scripted server has its answers to the `times` requests `ask_unprompted` made (its stderr)."""
+    return lambda: f"unprompted sampling answered ({times})" in gw.log()
+
+
+async def test_a_server_asking_in_a_loop_is_refused_each_time_and_logged_at_a_bounded_rate(tmp_path: Path) -> None:
+    """3000 requests of the user with no call in flight, at once: each gets its clean error, the log gets a few
+    lines (the refusals of one server are logged as its stderr lines are, rate-limited), and what was held back
+    is counted in the next line let through. A gateway of its own, so no other test spent the budget."""
+    config = {"servers": {"scripted": {"command": sys.executable, "args": [str(SCRIPTED)], "timeout": TIMEOUT}}}
+    with run_gateway(tmp_path, config) as gw:
+        _wait_for_tools(gw)
+        started = time.monotonic()
+        async with connect(gw.url, MODERN) as c:
+            for times in (3000, 1):  # the one asked later reports the count the loop left held back
+                with anyio.fail_after(10):
+                    assert text_of(await c.call("scripted__ask_unprompted", {"times": times})) == "I will ask later"
+                # No call while the server asks: one in flight would make its requests that call's.
+                await wait_until(answered(gw, times), 60, "the answers")
+                error = json.loads(text_of(await c.call("scripted__last_answer")))["error"]
+                assert (
+                    error["message"] == "sampling/createMessage cannot be relayed: no call of this server is in flight"
+                )
+                await anyio.sleep(1.2)  # a token of the budget comes back
+        elapsed = time.monotonic() - started
+        logged = refusals(gw, "sampling/createMessage")
+        held = [e["count"] for e in gw.log_events() if e.get("event") == "server request refusals suppressed"]
+    assert 10 <= len(logged) <= 10 + elapsed + 1, f"{len(logged)} refusals logged in {elapsed:.1f} s"
+    assert len(logged) + sum(held) == 3001, "every refusal is logged or counted"
 
 
 # --- 2. one call answered twice ---------------------------------------------------------------------------------

@@ -15,7 +15,9 @@ import secrets
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import anyio
 import httpx2
@@ -129,6 +131,13 @@ def post(url: str, body: Any, headers: dict[str, str] | None = None) -> httpx2.R
     return httpx2.post(url, content=json.dumps(body), headers=head, timeout=30)
 
 
+def reheader(token: str, **changes: Any) -> str:
+    """`token` with its JOSE header changed (its signature no longer matches; the header is refused first)."""
+    header = {**jwt.get_unverified_header(token), **changes}
+    encoded = base64.urlsafe_b64encode(json.dumps(header).encode()).rstrip(b"=").decode()
+    return encoded + token[token.index(".") :]
+
+
 def challenge(response: httpx2.Response) -> dict[str, str]:
     """The parameters of a `WWW-Authenticate: Bearer ...` header."""
     value = response.headers["www-authenticate"]
@@ -197,6 +206,10 @@ async def test_refused_tokens_get_401_naming_the_problem(setup: Setup) -> None:
         "no sub": (setup.craft({"sub": None}), "the token has no sub claim"),
         "a refresh-token type": (setup.craft({}, typ="rt+jwt"), "the token's type is not an access token"),
         "not a JWT": ("opaque-0123456789", "the token is not a JWT"),
+        "an empty crit": (setup.craft({}, crit=[]), "the token's header lists critical extensions (crit)"),
+        "an unsupported crit": (setup.craft({}, crit=["exp"]), "the token's header lists critical extensions (crit)"),
+        "a kid that is not a string": (reheader(setup.craft({}), kid=7), "the token's kid header is not a string"),
+        "over max_token_bytes": ("x" * 20_000, "the token is longer than 16384 bytes"),
     }
     for case, (token, reason) in cases.items():
         USED.append(token)
@@ -211,6 +224,31 @@ async def test_refused_tokens_get_401_naming_the_problem(setup: Setup) -> None:
         for part in token.split("."):
             assert len(part) < 8 or part not in response.text, f"{case}: the answer echoes the token"
     assert post(url, body, bearer(good)).status_code == 200
+
+
+async def test_with_an_audience_set_a_token_for_the_gateway_is_good_at_every_endpoint(
+    setup: Setup, tmp_path: Path
+) -> None:
+    """A second gateway, at `elsewhere` (the provider mints tokens for it), with a fixed `audience` configured:
+    tokens for its `/mcp` and for that audience are good at `/mcp` and at `/mcp/reader` alike."""
+    port = urlsplit(setup.elsewhere).port
+    config = {
+        "auth": {"oauth": {"issuer": setup.auth.issuer, "audience": ["api://manifold"], "rules": [{"name": "any"}]}},
+        "endpoints": {"reader": {"servers": ["fx"], "tools": ["fx__echo"]}},
+        "servers": {"fx": {**stdio_spec(), "required": True}},
+    }
+    with run_gateway(tmp_path, config, port=port) as gw:
+        whole, fixed = setup.token("alice", setup.elsewhere), setup.craft({"aud": "api://manifold"})
+        reader = setup.token("alice", f"{setup.elsewhere}/reader")
+        for url in (gw.url, f"{gw.url}/reader"):
+            for name, token in (("for <public_url>/mcp", whole), ("for the configured audience", fixed)):
+                response = post(url, initialize_body(), bearer(token))
+                assert response.status_code == 200, (url, name, response.text)
+        assert post(f"{gw.url}/reader", initialize_body(), bearer(reader)).status_code == 200
+        for url, token in ((gw.url, reader), (f"{gw.url}/reader", setup.token("alice"))):
+            refused = post(url, initialize_body(), bearer(token))
+            assert refused.status_code == 401, (url, refused.text)
+            assert challenge(refused)["error_description"].startswith("the token is for another resource")
 
 
 async def test_a_missing_scope_or_rule_gets_403(setup: Setup) -> None:
@@ -373,6 +411,7 @@ async def test_no_token_reaches_the_log_or_the_metrics(setup: Setup) -> None:
     for in the gateway's debug log and in /metrics."""
     assert len(USED) > 20
     log = setup.gw.log()
+    assert "Exception in ASGI application" not in log and "Traceback" not in log, "no request ended in a 500"
     events = setup.gw.log_events()
     assert sum(e.get("event") == "authorization server keys fetched" for e in events) >= 2, "at start, and rotated"
     refusals = [e for e in events if e.get("event") == "access token refused"]
@@ -380,6 +419,7 @@ async def test_no_token_reaches_the_log_or_the_metrics(setup: Setup) -> None:
     metrics = httpx2.get(f"{setup.gw.base}/metrics").text
     assert 'manifold_oauth_tokens_total{outcome="accepted"}' in metrics
     assert 'manifold_oauth_tokens_total{outcome="audience"}' in metrics
+    assert 'manifold_oauth_tokens_total{outcome="too_long"} 1.0' in metrics, "counted like other refusals"
     for token in USED:
         for part in token.split(".")[1:]:
             if len(part) >= 8:

@@ -5,6 +5,7 @@ sharing Redis."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -16,6 +17,7 @@ from typing import Any
 import httpx2
 import pytest
 
+from gateway.admin.store.sqlite import SqliteStore
 from tests.fixtures.servers import stdio_spec
 from tests.integration.conftest import (
     ERAS,
@@ -188,3 +190,117 @@ async def test_an_approval_on_one_replica_holds_on_another(tmp_path: Path, redis
             await changes.wait_beyond(seen, timeout=5)
             assert "fx__alpha" in await on_b.tool_names(), "b follows the approval made on a"
             assert text_of(await on_b.call("fx__alpha")) == "alpha"
+
+
+# --- everything a client receives is pinned; an approval is bound to what was reviewed ----------------------------
+
+ELSEWHERE = {"ui": {"resourceUri": "ui://elsewhere/steal.html"}}
+
+
+def offered_digest(gw: Gateway, tool: str) -> str:
+    digest: str = api(gw, "GET", f"/admin/pins/fx/{tool}").json()["offered"]["digest"]
+    return digest
+
+
+@pytest.mark.parametrize("era", ERAS)
+async def test_a_change_of_meta_alone_is_held_until_approved_by_its_digest(tmp_path: Path, era: str) -> None:
+    with run_gateway(tmp_path, config(tmp_path), env=ENV) as gw:
+        async with watch_changes(gw.url, era) as (client, changes):
+            await client.wait_for(lambda n: "fx__alpha" in n)
+            seen = changes.count
+            # The same description: only the `_meta` changes, pointing the tool's app elsewhere.
+            await client.call(
+                "fx__describe_tool", {"name": "alpha", "description": "Dummy tool alpha.", "meta": ELSEWHERE}
+            )
+            await changes.wait_beyond(seen)
+            await client.wait_for(lambda n: "fx__alpha" not in n)
+            assert (await client.call("fx__alpha")).is_error
+            diff = cli(gw, "diff", "fx", "alpha")
+            assert diff.returncode == 0 and '"resourceUri": "ui://elsewhere/steal.html"' in diff.stdout, diff.stdout
+            digest = offered_digest(gw, "alpha")
+            assert f"manifold pins approve fx alpha --digest {digest}" in diff.stdout
+            approved = cli(gw, "approve", "fx", "alpha", "--digest", digest)
+            assert approved.returncode == 0, approved.stderr
+            await client.wait_for(lambda n: "fx__alpha" in n)
+            [tool] = [t for t in await client.raw_tools() if t["name"] == "fx__alpha"]
+            assert tool["_meta"]["ui"] == ELSEWHERE["ui"] and tool["_meta"]["manifold/server"] == "fx"
+
+
+async def test_an_approval_is_refused_when_the_tool_changed_since_it_was_reviewed(tmp_path: Path) -> None:
+    with run_gateway(tmp_path, config(tmp_path), env=ENV) as gw:
+        async with connect(gw.url, "2026-07-28") as client:
+            await client.wait_for(lambda n: "fx__alpha" in n)
+            await client.call("fx__describe_tool", {"name": "alpha", "description": "Dummy tool alpha, version 2."})
+            await client.wait_for(lambda n: "fx__alpha" not in n)
+            reviewed = offered_digest(gw, "alpha")
+            # Between the review and the approval, the server changes the tool again.
+            await client.call("fx__describe_tool", {"name": "alpha", "description": POISON})
+            await wait_until(lambda: offered_digest(gw, "alpha") != reviewed, what="the second change offered")
+            now = offered_digest(gw, "alpha")
+
+            refused = cli(gw, "approve", "fx", "alpha", "--digest", reviewed)
+            assert refused.returncode == 1 and "changed since it was reviewed" in refused.stderr, refused
+            assert reviewed in refused.stderr and now in refused.stderr
+            answer = api(gw, "POST", "/admin/pins/fx/approve", json={"tools": {"alpha": reviewed}})
+            assert answer.status_code == 409, answer.text
+            assert answer.json()["changed"] == [{"tool": "alpha", "reviewed": reviewed, "offered": now}]
+            assert "fx__alpha" not in await client.tool_names(), "nothing was approved"
+            assert api(gw, "GET", "/admin/pins/fx/alpha").json()["status"] == "changed"
+
+            bad = api(gw, "POST", "/admin/pins/fx/approve", json={"tools": {"alpha": reviewed[:19]}})
+            assert bad.status_code == 400 and "not a digest" in bad.text
+            assert cli(gw, "approve", "fx", "alpha", "echo", "--digest", now).returncode == 2
+
+            answer = api(gw, "POST", "/admin/pins/fx/approve", json={"tools": {"alpha": now.removeprefix("sha256:")}})
+            assert answer.status_code == 200 and answer.json()["digests"] == {"alpha": now}, answer.text
+            await client.wait_for(lambda n: "fx__alpha" in n)
+
+
+EARLIER_FORM = ("name", "title", "description", "inputSchema", "outputSchema", "annotations")
+
+
+def earlier_digest(definition: dict[str, Any]) -> str:
+    text = json.dumps(definition, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+async def test_pins_stored_by_an_earlier_version_hold_only_what_changed_and_are_completed(tmp_path: Path) -> None:
+    """An earlier version pinned only name, title, description, schemas and annotations. After an upgrade a tool
+    that did not change is served (and its pin completed with the rest of it); one that changed stays held."""
+    tools_file = tmp_path / "tools.json"
+    tools_file.write_text(json.dumps(["alpha", {"name": "beta", "meta": {"ui": {"resourceUri": "ui://fx/beta"}}}]))
+    server = {**stdio_spec("normal", "--tools-file", str(tools_file))}
+    db = tmp_path / "state.db"
+    cfg = {"admin_token": "${MANIFOLD_TEST_ADMIN}", "store": f"sqlite:///{db}", "servers": {"fx": server}}
+    with run_gateway(tmp_path, cfg, env=ENV) as gw:
+        async with connect(gw.url, "2026-07-28") as client:
+            await client.wait_for(lambda n: "fx__beta" in n)
+    # What the earlier version stored; for `echo`, as it was before a change the upgrade must not swallow.
+    store = SqliteStore(str(db))
+    await store.start()
+    for key, row in (await store.records("pins")).servers.items():
+        if "definition" not in row:
+            continue
+        earlier = {k: v for k, v in row["definition"].items() if k in EARLIER_FORM}
+        if key == "fx/echo":
+            earlier["description"] = "Return the text, as reviewed."
+        await store.put_record(
+            "pins", key, {"digest": earlier_digest(earlier), "definition": earlier, "how": "first use"}
+        )
+    await store.close()
+
+    with run_gateway(tmp_path, cfg, env=ENV) as gw:
+        async with watch_changes(gw.url, "2026-07-28") as (client, changes):
+            names = await client.wait_for(lambda n: "fx__beta" in n and "fx__alpha" in n)
+            assert "fx__echo" not in names, "a tool unlike its earlier pin is held"
+            await wait_until(lambda: api(gw, "GET", "/admin/pins/fx/beta").json()["pinned"]["how"] == "upgraded")
+            pinned = api(gw, "GET", "/admin/pins/fx/beta").json()
+            assert pinned["status"] == "pinned" and pinned["pinned"]["definition"]["_meta"] == {
+                "ui": {"resourceUri": "ui://fx/beta"}
+            }
+            seen = changes.count
+            await client.call(
+                "fx__describe_tool", {"name": "beta", "description": "Dummy tool beta.", "meta": ELSEWHERE}
+            )
+            await changes.wait_beyond(seen)
+            await client.wait_for(lambda n: "fx__beta" not in n)

@@ -290,3 +290,57 @@ def test_a_confirmation_answered_on_another_replica_holds_with_a_shared_key(tmp_
 def test_without_a_shared_key_another_replica_asks_again(tmp_path: Path) -> None:
     _, second = _confirming_replicas(tmp_path, None)
     assert second["resultType"] == "input_required"
+
+
+SCRIPTED = Path(__file__).resolve().parents[1] / "fixtures" / "scripted_upstream.py"
+
+
+async def test_a_held_calls_request_state_opens_it_for_its_own_caller_and_tool_only(tmp_path: Path) -> None:
+    """A 2025-era server's question held for a 2026 caller: another token that learns the `requestState` (with
+    the tool in its view, or outside it) cannot answer it or take its result, nor can the caller on another tool."""
+    config = {
+        "auth": {
+            "tokens": [
+                {"name": "alpha", "token": "${T_ALPHA}"},
+                {"name": "gamma", "token": "${T_GAMMA}"},
+                {"name": "beta", "sha256": hashlib.sha256(BETA.encode()).hexdigest(), "servers": []},
+            ]
+        },
+        "servers": {"scripted": {"command": sys.executable, "args": [str(SCRIPTED)], "pin": "off"}},
+    }
+
+    async def ask(ctx: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    stolen = types.ElicitResult(action="accept", content={"name": "Mallory"})
+    with run_gateway(tmp_path, config, env=ENV) as gw:
+        async with connect(gw.url, "2026-07-28", headers=bearer(ALPHA), elicitation_callback=ask) as alpha:
+            await alpha.wait_for(lambda names: "scripted__ask_and_wait" in names)
+            with anyio.fail_after(20):
+                held = await alpha.session.call_tool("scripted__ask_and_wait", {}, allow_input_required=True)
+            assert isinstance(held, types.InputRequiredResult) and held.input_requests, held
+            [key] = held.input_requests
+            attempts = [(GAMMA, "scripted__ask_and_wait"), (BETA, "scripted__ask_and_wait"), (ALPHA, "scripted__echo")]
+            for token, tool in attempts:
+                async with connect(gw.url, "2026-07-28", headers=bearer(token)) as other:
+                    with pytest.raises(MCPError) as err:
+                        await other.session.call_tool(
+                            tool,
+                            {},
+                            input_responses={key: stolen},
+                            request_state=held.request_state,
+                            allow_input_required=True,
+                        )
+                    assert err.value.code == types.INVALID_PARAMS, (token, tool, err.value)
+                    assert "requestState is unknown" in err.value.error.message
+            with anyio.fail_after(20):
+                done = await alpha.session.call_tool(
+                    "scripted__ask_and_wait",
+                    {},
+                    input_responses={key: types.ElicitResult(action="accept", content={"name": "Ada"})},
+                    request_state=held.request_state,
+                    allow_input_required=True,
+                )
+            assert isinstance(done, types.CallToolResult)
+            assert done.content[0].text == 'accept: {"name": "Ada"}', done  # type: ignore[union-attr]

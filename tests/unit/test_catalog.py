@@ -62,6 +62,16 @@ def test_bare_tool_colliding_with_a_prefixed_one():
     assert collisions == [Collision("a__t", (("a", "t"), ("bare", "a__t")))]
 
 
+def test_a_bare_tool_named_like_the_gateways_own_is_not_offered():
+    posing = ("manifold__call_tool", "Manifold__search_tools", "manifold.__x")
+    entries, collisions = merge([_set("bare", *posing, "keep", prefix=""), _set("manifold_ok", "t")])
+    assert list(entries) == ["keep", "manifold_ok__t"]
+    assert sorted(c.name for c in collisions) == ["Manifold__search_tools", "manifold___x", "manifold__call_tool"]
+    assert all(c.reserved and c.origins[0][0] == "bare" for c in collisions)
+    renamed = ToolSet("bare", "", False, None, (_tool("t"),), overrides={"t": {"name": "manifold__t"}})
+    assert merge([renamed]) == ({}, [Collision("manifold__t", (("bare", "t"),), reserved=True)])
+
+
 def test_long_names_that_sanitise_alike_are_told_apart_by_their_own_hash():
     dot, under = "a.b" + "c" * 70, "a_b" + "c" * 70
     entries, collisions = merge([_set("s", dot, under)])

@@ -20,7 +20,7 @@ def anyio_backend() -> str:
 
 async def test_a_question_becomes_a_round_and_the_answer_reaches_the_server() -> None:
     held_calls = HeldCalls(b"k" * 32)
-    held = held_calls.open({"elicitation": {}}, timeout=5)
+    held = held_calls.open({"elicitation": {}}, timeout=5, owner="token:alice", tool="s__ask")
 
     async def call() -> dict[str, Any]:
         answer = await held.ask("elicitation/create", {"message": "name?"})
@@ -33,18 +33,22 @@ async def test_a_question_becomes_a_round_and_the_answer_reaches_the_server() ->
         [(key, request)] = pending["inputRequests"].items()
         assert request == {"method": "elicitation/create", "params": {"message": "name?"}}
         state = pending["requestState"]
-        assert held_calls.find(state) is held
-        assert held_calls.find(state[:-1] + ("0" if state[-1] != "0" else "1")) is None  # altered
-        assert held_calls.find("someone-elses-state") is None and not HeldCalls.ours("someone-elses-state")
+        assert held_calls.find(state, "token:alice", "s__ask") is held
+        altered = state[:-1] + ("0" if state[-1] != "0" else "1")
+        assert held_calls.find(altered, "token:alice", "s__ask") is None
+        assert held_calls.find(state, "token:bob", "s__ask") is None, "another caller's"
+        assert held_calls.find(state, "token:alice", "s__other") is None, "another tool's"
+        assert held_calls.find("someone-elses-state", "token:alice", "s__ask") is None
+        assert not HeldCalls.ours("someone-elses-state")
         held.answer({key: {"action": "accept", "content": {"name": "Ada"}}})
         result = await held_calls.next_answer(held)
     assert result["content"][0]["text"] == "hello Ada"
-    assert held_calls.find(state) is None  # done: forgotten
+    assert held_calls.find(state, "token:alice", "s__ask") is None  # done: forgotten
 
 
 async def test_a_missing_answer_fails_the_servers_question_and_an_abandoned_call_is_cancelled() -> None:
     held_calls = HeldCalls()
-    held = held_calls.open({"sampling": {}}, timeout=0.3)
+    held = held_calls.open({"sampling": {}}, timeout=0.3, owner="token:alice", tool="s__ask")
     outcome: list[str] = []
 
     async def call() -> dict[str, Any]:

@@ -223,6 +223,8 @@ async def test_an_endpoint_takes_tokens_for_itself_or_for_the_whole_gateway() ->
     configured = server(Published(public_jwk(RSA_KEY, "k1")), audience="api://manifold")
     assert await configured.authenticate(sign(claims(aud=["x", "api://manifold"])), None)
     assert await configured.authenticate(sign(claims()), None), "the gateway's own URL is always its audience"
+    assert await configured.authenticate(sign(claims()), "reader"), "... and good at every endpoint"
+    assert (await refused(configured, sign(claims(aud=f"{RESOURCE}/other")), "reader")).outcome == "audience"
     assert (await refused(configured, sign(claims(aud="api://other")))).outcome == "audience"
 
 
@@ -242,6 +244,28 @@ async def test_forged_tokens_are_refused() -> None:
     assert (await refused(rs, sign(claims())[:-4] + b"AAAA")).outcome == "signature"
     for junk in (b"not-a-jwt", b"a.b.c", b"e30.e30.e30"):
         assert (await refused(rs, junk)).outcome in ("malformed", "algorithm")
+
+
+async def test_a_malformed_jose_header_is_refused_as_invalid_and_counted() -> None:
+    seen: list[str] = []
+    rs = server(Published(public_jwk(RSA_KEY, "k1")))
+    rs.on_outcome = seen.append
+    body = base64.urlsafe_b64encode(json.dumps(claims()).encode()).rstrip(b"=")
+    cases: dict[str, tuple[dict[str, Any], str]] = {
+        "an empty crit": ({"crit": []}, "critical extensions (crit)"),
+        "a crit naming a claim": ({"crit": ["exp"], "exp": 1}, "critical extensions (crit)"),
+        "a crit that is no list": ({"crit": "b64"}, "critical extensions (crit)"),
+        "a numeric kid": ({"kid": 7}, "kid header is not a string"),
+        "a null kid": ({"kid": None}, "kid header is not a string"),
+        "a list kid": ({"kid": ["k1"]}, "kid header is not a string"),
+    }
+    for case, (extra, words) in cases.items():
+        header = {"alg": "RS256", "typ": "at+jwt", "kid": "k1", **extra}
+        encoded = base64.urlsafe_b64encode(json.dumps(header).encode()).rstrip(b"=")
+        refusal = await refused(rs, encoded + b"." + body + b".c2lnbmF0dXJl")
+        assert (refusal.status, refusal.error, refusal.outcome) == (401, "invalid_token", "malformed"), case
+        assert words in refusal.reason and "exp" not in refusal.reason, case
+    assert seen == ["malformed"] * len(cases)
 
 
 async def test_keys_and_tokens_without_a_kid_are_tried_by_algorithm() -> None:

@@ -22,7 +22,7 @@ from gateway.upstream.errors import State
 from tests.fixtures.servers import stdio_spec
 
 pytestmark = pytest.mark.anyio
-NO_EGRESS = Settings.model_validate({"runtime": {"egress": {"enabled": False}}})  # stdio runtime servers allowed
+RUNTIME_STDIO = Settings.model_validate({"runtime": {"stdio": True}})  # stdio runtime servers allowed
 
 
 @pytest.fixture
@@ -149,7 +149,7 @@ async def test_reload_racing_a_runtime_add_of_the_same_name(tmp_path: Path) -> N
     registry.on_catalog_change(slow_broadcast)
     store = SqliteStore(str(tmp_path / "servers.db"))
     await store.start()
-    runtime = Runtime(registry, store, NO_EGRESS)
+    runtime = Runtime(registry, store, RUNTIME_STDIO)
     reloaded = anyio.Event()
     answers: list[int] = []
     changed = spec("fx", **stdio_spec(), deny=["echo"])
@@ -194,7 +194,7 @@ async def test_a_runtime_add_waits_for_a_reload_that_takes_its_name(tmp_path: Pa
     registry = Registry([spec("old", **stubborn_spec())])
     store = SqliteStore(str(tmp_path / "servers.db"))
     await store.start()
-    runtime = Runtime(registry, store, NO_EGRESS)
+    runtime = Runtime(registry, store, RUNTIME_STDIO)
     answers: list[int] = []
 
     async def add() -> None:

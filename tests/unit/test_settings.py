@@ -40,11 +40,17 @@ def test_file_keys():
         "allow_unauthenticated",
         "max_body_bytes",
         "max_json_depth",
+        "max_header_bytes",
+        "max_token_bytes",
+        "header_timeout",
+        "body_timeout",
+        "max_connections",
         "max_sessions",
         "session_idle_timeout",
         "fast_path",
         "exposure",
         "workers",
+        "handover",
     }
     assert frozenset(expected) == FILE_KEYS
 
@@ -55,6 +61,13 @@ def test_defaults():
     assert (s.host, s.port) == ("127.0.0.1", 8080)
     assert (s.allowed_hosts, s.allowed_origins) == ([], [])
     assert (s.log_level, s.log_format) == ("info", "auto")
+
+
+def test_http_limits_have_bounded_defaults():
+    s = build_settings({}, {})
+    assert (s.max_header_bytes, s.max_token_bytes, s.max_connections) == (32 * 1024, 16 * 1024, 4096)
+    assert (s.header_timeout, s.body_timeout) == (10.0, 60.0)
+    assert s.max_token_bytes < s.max_header_bytes, "a token that fits the head is bounded on its own"
 
 
 def test_file_over_defaults():
@@ -112,6 +125,15 @@ def test_bad_values_raise_config_error_with_place(monkeypatch):
     with pytest.raises(ConfigError) as info:
         build_settings({}, {})
     assert [p.split(":")[0] for p in info.value.problems] == ["port"]
+
+
+def test_the_egress_rules_cannot_be_turned_off():
+    with pytest.raises(ConfigError) as info:
+        build_settings({}, {"runtime": {"egress": {"enabled": False}}})
+    [problem] = info.value.problems
+    assert problem.startswith("runtime.egress.enabled:") and "runtime.egress.allow" in problem
+    assert "runtime.stdio" in problem
+    assert build_settings({}, {"runtime": {"egress": {"enabled": True}}}).runtime.egress.enabled is True
 
 
 def test_cli_value_fixes_a_bad_env_value(monkeypatch):

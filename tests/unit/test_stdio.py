@@ -7,10 +7,13 @@ import os
 import sys
 from pathlib import Path
 
+import anyio
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from structlog.testing import capture_logs
 
-from gateway.upstream.stdio import MAX_LINE, MAX_STDERR_LINE, LineSplitter, find_command
+from gateway.upstream.stdio import MAX_LINE, MAX_STDERR_LINE, STDERR_BURST, LineSplitter, find_command, stdio_transport
 
 
 def feed_all(splitter: LineSplitter, chunks: list[bytes]) -> list[bytes]:
@@ -199,3 +202,20 @@ def test_a_name_found_nowhere_is_kept(tmp_path: Path) -> None:
 def test_a_file_that_is_not_executable_is_not_taken(tmp_path: Path) -> None:
     (tmp_path / "manifold-plain-file").write_text("not a program\n")
     assert find_command("manifold-plain-file", str(tmp_path)) == "manifold-plain-file"
+
+
+# --- stderr ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_a_flood_of_stderr_lines_is_logged_rate_limited_and_what_was_held_back_is_counted() -> None:
+    script = "import sys, time\nfor i in range(500): print(i, file=sys.stderr)\nsys.stderr.flush(); time.sleep(0.3)\n"
+    script += "print('last', file=sys.stderr); sys.stderr.flush(); time.sleep(30)\n"
+    with capture_logs() as logs, anyio.fail_after(20):
+        async with stdio_transport("noisy", sys.executable, ["-c", script], {}, None):
+            while not any(e.get("line") == "last" for e in logs):
+                await anyio.sleep(0.05)
+    lines = [e for e in logs if e["event"] == "upstream stderr"]
+    held = sum(e["count"] for e in logs if e["event"] == "upstream stderr lines suppressed")
+    assert STDERR_BURST <= len(lines) <= STDERR_BURST + 10, len(lines)
+    assert len(lines) + held == 501, "every line is logged or counted"

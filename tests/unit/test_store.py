@@ -25,7 +25,7 @@ from gateway.settings import Settings
 from tests.fixtures.servers import free_port, stdio_spec
 
 pytestmark = pytest.mark.anyio
-NO_EGRESS = Settings.model_validate({"runtime": {"egress": {"enabled": False}}})  # stdio runtime servers allowed
+RUNTIME_STDIO = Settings.model_validate({"runtime": {"stdio": True}})  # stdio runtime servers allowed
 
 ROW_TEXT = "ROW-TEXT-never-logged-7c41"
 GOOD = {"url": "http://127.0.0.1:9/mcp"}
@@ -142,7 +142,7 @@ async def test_runtime_skips_bad_rows_and_applies_the_rest(
     else:
         store = redis_with_rows(request.getfixturevalue("redis_port"))
     registry = Registry([])
-    runtime = Runtime(registry, store, NO_EGRESS)
+    runtime = Runtime(registry, store, RUNTIME_STDIO)
     with capture_logs() as logs, anyio.fail_after(30):
         async with registry.running(), anyio.create_task_group() as tg:
             tg.start_soon(runtime.run)
@@ -170,7 +170,7 @@ async def test_a_running_server_whose_row_turns_bad_keeps_running(tmp_path: Path
     store = SqliteStore(str(tmp_path / "servers.db"))
     await store.start()
     registry = Registry([])
-    runtime = Runtime(registry, store, NO_EGRESS)
+    runtime = Runtime(registry, store, RUNTIME_STDIO)
     async with registry.running():
         await store.add("fx", stdio_spec())
         await runtime.reconcile()

@@ -1,0 +1,80 @@
+"""A server's owner task: a programming error on its connection is logged with its traceback and counted, not
+taken for the server's failure alone."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+from structlog.testing import capture_logs
+
+from gateway.config import ResolvedServer, ServerSpec
+from gateway.metrics import Metrics
+from gateway.upstream.connection import Upstream
+from gateway.upstream.errors import State
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+class Faulty(Upstream):
+    """A server whose transport fails with `fault` when it connects (a bug in it, or the network)."""
+
+    def __init__(self, fault: Exception, metrics: Metrics) -> None:
+        async def changed(upstream: Upstream) -> None:
+            pass
+
+        super().__init__(ServerSpec.model_validate({"name": "faulty", "command": "true"}), changed, {}, metrics)
+        self.fault = fault
+
+    async def _transport(self, r: ResolvedServer) -> Any:
+        raise self.fault
+
+
+def internal_errors(metrics: Metrics, where: str) -> float:
+    value = metrics.registry.get_sample_value("manifold_internal_errors_total", {"where": where})
+    return value or 0.0
+
+
+async def down_once(upstream: Upstream) -> None:
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(upstream.run)
+        with anyio.fail_after(10):
+            await upstream.settled.wait()
+        tg.cancel_scope.cancel()
+    assert upstream.state is State.DOWN
+
+
+async def test_a_programming_error_is_logged_with_its_traceback_and_counted() -> None:
+    metrics = Metrics()
+    upstream = Faulty(KeyError("Bearer sk-live-0123456789"), metrics)
+    with capture_logs() as logs:
+        await down_once(upstream)
+    [bug] = [e for e in logs if e["event"].startswith("programming error")]
+    assert bug["server"] == "faulty" and bug["error"] == "KeyError" and bug["log_level"] == "error"
+    assert "Traceback (most recent call last)" in bug["traceback"] and "in _transport" in bug["traceback"]
+    assert "sk-live-0123456789" not in bug["traceback"], "credentials in the exception are redacted"
+    assert internal_errors(metrics, "upstream") == 1
+    assert upstream.error is not None and "sk-live" not in upstream.error
+
+
+async def test_a_failure_of_the_server_or_the_network_is_no_programming_error() -> None:
+    metrics = Metrics()
+    for fault in (ConnectionRefusedError("refused"), ValueError("not JSON"), ExceptionGroup("g", [OSError("x")])):
+        with capture_logs() as logs:
+            await down_once(Faulty(fault, metrics))
+        assert not [e for e in logs if e["event"].startswith("programming error")], fault
+    assert internal_errors(metrics, "upstream") == 0
+
+
+async def test_a_programming_error_inside_an_exception_group_is_still_one() -> None:
+    metrics = Metrics()
+    with capture_logs() as logs:
+        await down_once(Faulty(ExceptionGroup("tasks", [OSError("x"), AttributeError("no such thing")]), metrics))
+    assert [e["error"] for e in logs if e["event"].startswith("programming error")] == ["ExceptionGroup"]
+    assert internal_errors(metrics, "upstream") == 1
