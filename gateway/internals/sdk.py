@@ -1,6 +1,7 @@
 """The MCP SDK's private names, and what the gateway builds on them. Nowhere else touches them.
 
-- `negotiate_auto`: the SDK client's modern-first connect policy (`server/discover`, then `initialize`).
+- `negotiate`: the SDK client's modern-first connect policy (`negotiate_auto`: `server/discover`, then
+  `initialize`), with the probe's timeout (`mcp.client.session.DISCOVER_TIMEOUT_SECONDS`) set per server.
 - `ClientSession._stamp`: how a session stamps a request (session id, protocol version, the 2026
   envelope and `Mcp-*` headers); the lean channels stamp their requests the same way.
 - `_later_revision_fields`: the result fields an older protocol revision does not know.
@@ -32,6 +33,7 @@ from functools import cache
 from typing import Any
 
 import anyio
+import mcp.client.session as sdk_session
 import mcp.types as types
 from mcp import ClientSession, MCPError
 from mcp.client._probe import negotiate_auto
@@ -48,6 +50,16 @@ Json = dict[str, Any]
 # What the SDK's streamable HTTP client puts in place of an HTTP 404 on a session and other error statuses.
 SESSION_TERMINATED = "Session terminated"
 ERROR_STATUS = "Server returned an error response"
+
+
+async def negotiate(session: ClientSession, discover_timeout: float) -> None:
+    """Connect modern-first: `server/discover`, answered within `discover_timeout` seconds, else `initialize`.
+
+    A process that is still booting answers its first request late; the probe's bound is the SDK's module
+    constant, read when the probe is sent (before its first await), so it is set here for this server.
+    """
+    sdk_session.DISCOVER_TIMEOUT_SECONDS = discover_timeout
+    await negotiate_auto(session)
 
 
 def channel_error(e: MCPError) -> ChannelError | None:
@@ -215,7 +227,7 @@ __all__ = [
     "channel_error",
     "holding",
     "later_revision_fields",
-    "negotiate_auto",
+    "negotiate",
     "send_unchecked",
     "serving_transport",
     "session_transports",
@@ -225,6 +237,7 @@ __all__ = [
 # What `tests/unit/test_internals.py` checks: each private name, and how to reach it.
 SYMBOLS = {
     "mcp.client._probe.negotiate_auto": lambda: negotiate_auto,
+    "mcp.client.session.DISCOVER_TIMEOUT_SECONDS": lambda: sdk_session.DISCOVER_TIMEOUT_SECONDS,
     "mcp.client.session._later_revision_fields": lambda: _later_revision_fields,
     "mcp.client.session.ClientSession._stamp": lambda: _session_attr("_stamp"),
     "mcp.client.session.ClientSession._absorb_tool_listing": lambda: _session_attr("_absorb_tool_listing"),

@@ -41,7 +41,7 @@ from gateway.egress import (
     pinned_client_factory,
     pinned_transport,
 )
-from gateway.internals.sdk import caller_capabilities, negotiate_auto
+from gateway.internals.sdk import caller_capabilities, negotiate
 from gateway.logs import get_logger, traceback_text
 from gateway.metrics import Metrics
 from gateway.upstream.asks import Callers
@@ -226,7 +226,8 @@ class Upstream:
                     )
                 )
                 if self.spec.protocol == "auto":
-                    await negotiate_auto(session)
+                    # half the startup time for the probe leaves the other half for the handshake after it
+                    await negotiate(session, self.spec.startup_timeout / 2)
                 elif self.spec.protocol in MODERN_PROTOCOL_VERSIONS:
                     await session.discover()
                 else:
@@ -463,8 +464,10 @@ class Upstream:
             "error": self.error,
             "since": datetime.fromtimestamp(self.since, UTC).isoformat(timespec="seconds"),
         }
-        if self.state is State.UP and self.offers.degraded:
-            status["degraded"] = dict(self.offers.degraded)
+        if self.state is State.UP:
+            status["protocol"] = self.protocol_version
+            if self.offers.degraded:
+                status["degraded"] = dict(self.offers.degraded)
         return status
 
     async def wait_up(self, timeout: float) -> bool:

@@ -1,4 +1,5 @@
-"""However a server answers `server/discover`, a server that takes `initialize` is spoken to in its revision."""
+"""However a server answers `server/discover`, a server that takes `initialize` is spoken to in its revision;
+the probe waits as long as the gateway says (a booting process answers late)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import mcp.client.session
 import pytest
 from mcp import ClientSession
 
-from gateway.internals.sdk import negotiate_auto
+from gateway.internals.sdk import negotiate
 from tests.unit.test_offers import OldServer
 
 pytestmark = pytest.mark.anyio
@@ -45,7 +46,8 @@ class SilentOnDiscover(OldServer):
 async def test_a_server_that_fails_discover_gets_the_handshake_in_its_own_revision(
     discover: dict[str, Any] | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(mcp.client.session, "DISCOVER_TIMEOUT_SECONDS", 0.3)
+    # the probe's bound is process-wide in the SDK: restored after the test
+    monkeypatch.setattr(mcp.client.session, "DISCOVER_TIMEOUT_SECONDS", mcp.client.session.DISCOVER_TIMEOUT_SECONDS)
     server = SilentOnDiscover({}) if discover is None else OldServer({"server/discover": discover})
     async with (
         anyio.create_task_group() as tg,
@@ -53,7 +55,36 @@ async def test_a_server_that_fails_discover_gets_the_handshake_in_its_own_revisi
     ):
         tg.start_soon(server.serve)
         with anyio.fail_after(5):
-            await negotiate_auto(session)
+            await negotiate(session, discover_timeout=0.3)
         assert session.protocol_version == "2024-11-05"
         assert server.asked[:2] == ["server/discover", "initialize"]
         tg.cancel_scope.cancel()
+
+
+async def test_a_late_discover_answer_counts_when_the_gateway_waits_longer_than_the_sdks_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(mcp.client.session, "DISCOVER_TIMEOUT_SECONDS", 0.2)  # shorter than the server's boot
+    server = SlowModernServer(delay=0.6)
+    async with (
+        anyio.create_task_group() as tg,
+        ClientSession(server.from_server, server.to_server) as session,
+    ):
+        tg.start_soon(server.serve)
+        with anyio.fail_after(5):
+            await negotiate(session, discover_timeout=2)
+        assert session.protocol_version == "2026-07-28"
+        assert server.asked == ["server/discover"]
+        tg.cancel_scope.cancel()
+
+
+class SlowModernServer(OldServer):
+    """A 2026-07-28 server whose first answer comes `delay` seconds late (a process still booting)."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__({"server/discover": {"supportedVersions": ["2026-07-28"], "capabilities": {"tools": {}}}})
+        self.delay = delay
+
+    async def serve(self) -> None:
+        await anyio.sleep(self.delay)
+        await super().serve()
