@@ -4,7 +4,7 @@ PYTHON ?= python3
 BIN := $(CURDIR)/$(VENV)/bin
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup system-deps run test lint unit bench clean
+.PHONY: setup system-deps run test lint unit bench clean corpus
 
 $(VENV)/.installed: pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,23 @@ tests/thirdparty/node_modules/.installed: tests/thirdparty/package.json tests/th
 tests/thirdparty/reference-server/node_modules/.installed: tests/thirdparty/reference-server/package.json tests/thirdparty/reference-server/package-lock.json
 	cd tests/thirdparty/reference-server && npm ci --no-audit --no-fund --loglevel=error
 	touch $@
+
+# The compatibility corpus (tests/integration/test_corpus.py): real MCP servers from npm (pinned by its lockfile;
+# puppeteer without its browser) and from PyPI, one virtualenv per SDK generation from a hash-pinned lock.
+CORPUS_VENVS := $(foreach v,mcp1 fastmcp mcp2,tests/corpus/.venvs/$(v)/.installed)
+
+tests/corpus/node_modules/.installed: tests/corpus/package.json tests/corpus/package-lock.json
+	cd tests/corpus && PUPPETEER_SKIP_DOWNLOAD=1 npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+tests/corpus/.venvs/%/.installed: tests/corpus/requirements-%.lock
+	rm -rf tests/corpus/.venvs/$*
+	$(PYTHON) -m venv tests/corpus/.venvs/$*
+	tests/corpus/.venvs/$*/bin/python -m pip install -q --no-deps --require-hashes -r $<
+	touch $@
+
+corpus: tests/thirdparty/node_modules/.installed  ## the four installs side by side (about 2 min cold, nothing when done)
+	$(MAKE) --no-print-directory -j4 tests/corpus/node_modules/.installed $(CORPUS_VENVS)
 
 setup: $(VENV)/.installed
 
@@ -43,7 +60,7 @@ unit: setup
 SDK_PATH_TESTS = tests/integration/test_gateway.py tests/integration/test_resilience.py tests/integration/test_security.py \
   tests/integration/test_oauth.py tests/integration/test_conformance.py tests/integration/test_reference_server.py
 
-test: setup system-deps tests/thirdparty/node_modules/.installed tests/thirdparty/reference-server/node_modules/.installed lint  ## set up and run every check and test
+test: setup system-deps tests/thirdparty/node_modules/.installed tests/thirdparty/reference-server/node_modules/.installed corpus lint  ## set up and run every check and test
 	$(BIN)/pytest -q
 	@echo "the same conformance tests with the fast path off (every request through the SDK's stacks):"
 	MANIFOLD_FAST_PATH=false $(BIN)/pytest -q $(SDK_PATH_TESTS)
@@ -52,4 +69,4 @@ bench: setup  ## run the benchmark (about 14 min on 2 cores); results in bench/r
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) tests/thirdparty/node_modules tests/thirdparty/reference-server/node_modules .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) tests/thirdparty/node_modules tests/thirdparty/reference-server/node_modules tests/corpus/node_modules tests/corpus/.venvs .pytest_cache .mypy_cache .ruff_cache
