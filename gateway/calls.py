@@ -66,7 +66,7 @@ class HeldTool(Exception):
             f"the definition of tool '{entry.original}' of server '{entry.server}' changed since it was approved"
             " (or is new), so it is held until an operator reviews it: "
             f"`manifold pins diff {entry.server} {entry.original}`, then "
-            f"`manifold pins approve {entry.server} {entry.original}`"
+            f"`manifold pins approve {entry.server} {entry.original} --digest <the digest the diff shows>`"
         )
 
 
