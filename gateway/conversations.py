@@ -17,7 +17,6 @@ conversation and per token, and count against the same gateway-wide limit (`max_
 from __future__ import annotations
 
 import hashlib
-import os
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -36,7 +35,6 @@ from gateway.metrics import Metrics
 from gateway.naming import sanitise
 from gateway.upstream.connection import Upstream
 from gateway.upstream.errors import CallFailed, State
-from gateway.upstream.tokens import Tokens
 
 log = get_logger("conversations")
 CONVERSATION_META = "manifold/conversation"
@@ -88,26 +86,11 @@ class Instance:
     owner: str = ""  # who handed the server over (its token, or OAuth rule and subject); "" for the others
 
 
-async def _unchanged(_: Upstream) -> None:
-    return None
-
-
 class Conversations:
     """Every per-conversation connection, by (server, conversation)."""
 
-    def __init__(
-        self,
-        metrics: Metrics,
-        environ: Mapping[str, str] | None,
-        credentials: Mapping[str, Any],
-        *,
-        fast: bool = True,
-        tokens: Tokens | None = None,
-    ) -> None:
+    def __init__(self, metrics: Metrics, *, fast: bool = True) -> None:
         self._metrics = metrics
-        self._tokens = tokens
-        self._environ = environ
-        self._credentials = credentials
         self._fast = fast
         self._instances: dict[tuple[str, str], Instance] = {}
         self._starting: dict[tuple[str, str], anyio.Event] = {}
@@ -210,19 +193,7 @@ class Conversations:
             )
         self._starting[key] = started = anyio.Event()
         try:
-            upstream = Upstream(
-                spec,
-                _unchanged,
-                {
-                    **(os.environ if self._environ is None else self._environ),
-                    CONVERSATION_VARIABLE: label(conversation),
-                },
-                credentials=self._credentials,
-                egress=shared.egress,
-                source=shared.source,
-                fast=self._fast,
-                tokens=self._tokens,
-            )
+            upstream = shared.sibling(spec, {CONVERSATION_VARIABLE: label(conversation)})
             scope = anyio.CancelScope()
             instance = self._instances[key] = Instance(upstream, scope)
             self._tg.start_soon(self._own, upstream, scope)

@@ -58,8 +58,8 @@ class Registry:
         self._fast = fast
         self.metrics = Metrics()
         self.tokens = tokens or Tokens(store, oauth_key, self.metrics)
-        self.conversations = Conversations(self.metrics, environ, credentials or {}, fast=fast, tokens=self.tokens)
-        self.legacy = LegacySessions(environ, credentials or {}, fast=fast, tokens=self.tokens)
+        self.conversations = Conversations(self.metrics, fast=fast)
+        self.legacy = LegacySessions()
         self.upstreams: dict[str, Upstream] = {}
         self._environ = environ
         self._credentials = credentials or {}

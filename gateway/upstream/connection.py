@@ -106,6 +106,12 @@ class _WatchedReadStream:
 
 
 ChangeCallback = Callable[["Upstream"], Awaitable[None]]
+
+
+async def _unchanged(_: Upstream) -> None:
+    """A sibling connection's listings change nothing."""
+
+
 LIST_CHANGES = (
     types.ToolListChangedNotification,
     types.PromptListChangedNotification,
@@ -163,6 +169,21 @@ class Upstream:
         self._reconnect_now = False
         self._tasks: anyio.abc.TaskGroup | None = None
         self._invoker = Invoker(self)
+
+    def sibling(self, spec: ServerSpec, env: Mapping[str, str] | None = None) -> Upstream:
+        """Another connection to this server (a conversation's own, a 2025-era session beside a 2026 one): the
+        same environment (plus `env`), credentials, egress rules, source and channels; its listings change
+        nothing, since the catalog comes from this connection."""
+        return Upstream(
+            spec,
+            _unchanged,
+            {**self._environ, **(env or {})},
+            credentials=self._credentials,
+            egress=self.egress,
+            source=self.source,
+            fast=self._fast,
+            tokens=self._tokens,
+        )
 
     async def run(self) -> None:
         """The owner task: connect, serve, reconnect with backoff, until cancelled."""

@@ -11,7 +11,6 @@ refuses the 2025 handshake is remembered and served over its 2026 connection, as
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,7 +22,6 @@ from gateway.logs import get_logger
 from gateway.upstream.asks import ASKING, declared
 from gateway.upstream.connection import Upstream
 from gateway.upstream.errors import State
-from gateway.upstream.tokens import Tokens
 
 log = get_logger("upstream")
 LEGACY_PROTOCOL = "2025-11-25"
@@ -46,18 +44,7 @@ def wants_legacy(shared: Upstream, caller_version: str, capabilities: Mapping[st
 class LegacySessions:
     """The 2025-era sessions opened beside servers' 2026 connections, one per server at most."""
 
-    def __init__(
-        self,
-        environ: Mapping[str, str] | None,
-        credentials: Mapping[str, Any],
-        *,
-        fast: bool,
-        tokens: Tokens | None,
-    ) -> None:
-        self._environ = environ
-        self._credentials = credentials
-        self._fast = fast
-        self._tokens = tokens
+    def __init__(self) -> None:
         self._sessions: dict[str, tuple[Upstream, anyio.CancelScope, Upstream]] = {}
         self._refused: dict[str, Upstream] = {}  # server -> the main connection that was refused one
         self._starting: dict[str, anyio.Event] = {}
@@ -109,16 +96,7 @@ class LegacySessions:
         assert self._tg is not None
         self._starting[name] = started = anyio.Event()
         try:
-            legacy = Upstream(
-                spec.model_copy(update={"protocol": LEGACY_PROTOCOL}),
-                _unchanged,
-                os.environ if self._environ is None else self._environ,
-                credentials=self._credentials,
-                egress=shared.egress,
-                source=shared.source,
-                fast=self._fast,
-                tokens=self._tokens,
-            )
+            legacy = shared.sibling(spec.model_copy(update={"protocol": LEGACY_PROTOCOL}))
             scope = anyio.CancelScope()
             self._tg.start_soon(_own, legacy, scope)
             with anyio.move_on_after(spec.startup_timeout + 1):
@@ -138,10 +116,6 @@ class LegacySessions:
         finally:
             del self._starting[name]
             started.set()
-
-
-async def _unchanged(_: Upstream) -> None:
-    """A 2025-era session's listings change nothing: the catalog comes from the main connection."""
 
 
 async def _own(upstream: Upstream, scope: anyio.CancelScope) -> None:
