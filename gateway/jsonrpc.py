@@ -40,8 +40,8 @@ def decode(data: bytes | bytearray) -> Any:
 def messages_in(body: bytes | bytearray) -> list[Any] | None:
     """The messages of a JSON body that holds several, one per line (some servers answer a request with its
     notices and then its answer that way); None for a body that is one JSON value, or is not JSON at all."""
-    if b"\n{" not in body.strip():
-        return None  # one value: the common case costs one scan
+    if b"\n{" not in body:
+        return None  # one value: the common case costs one scan, no copy
     try:
         decode(body)
         return None

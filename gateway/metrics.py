@@ -216,6 +216,7 @@ class Metrics:
     def remove_server(self, server: str) -> None:
         """Drop every series labelled with `server`: a removed server leaves nothing behind in `/metrics`."""
         self._servers.discard(server)
+        self._degraded = {k for k in self._degraded if k[0] != server}
         for metric, names in self._per_server:
             labelsets = {
                 tuple(sample.labels[n] for n in names)

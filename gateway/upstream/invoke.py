@@ -20,7 +20,7 @@ import mcp.types as types
 from mcp import ClientSession, MCPError
 from mcp.shared.dispatcher import ProgressFnT
 from mcp.types.version import MODERN_PROTOCOL_VERSIONS
-from pydantic import TypeAdapter, ValidationError
+from pydantic import ValidationError
 
 from gateway.internals.sdk import channel_error, later_revision_fields, send_unchecked, stamp
 from gateway.upstream.errors import (
@@ -41,8 +41,6 @@ if TYPE_CHECKING:
     from gateway.upstream.connection import Upstream
 
 Json = dict[str, Any]
-RAW: TypeAdapter[Any] = TypeAdapter(dict[str, Any])
-TASK_METHODS = frozenset({"tasks/get", "tasks/result", "tasks/update", "tasks/cancel", "tasks/list"})
 FIRST_ID = 2**40  # ids of calls on the lean channels: far from the SDK session's own
 CANCEL_REASON = "the gateway's caller cancelled or timed out"
 
