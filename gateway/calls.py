@@ -35,7 +35,6 @@ from gateway.logs import get_logger
 from gateway.upstream.asks import ASKING, Caller, Mute, declared
 from gateway.upstream.connection import FORWARDED, Upstream
 from gateway.upstream.errors import CallFailed, describe
-from gateway.upstream.legacy import wants_legacy
 
 if TYPE_CHECKING:
     from gateway.registry import Registry
@@ -402,13 +401,9 @@ async def forward_call(
     started = time.perf_counter()
     outcome = "cancelled"
     try:
-        if upstream.spec.isolation == "conversation" and (conversation := CONVERSATION.get()) is not None:
-            async with registry.conversations.using(upstream, conversation) as own:
-                raw = await exchange(own)
-        else:
-            if caller is not None and wants_legacy(upstream, version, caller.capabilities):
-                upstream = await registry.legacy.serving(upstream, entry.original)
-            raw = await exchange(upstream)
+        capabilities = caller.capabilities if caller is not None else None
+        async with registry.connection(upstream, version, capabilities, entry.original) as serving:
+            raw = await exchange(serving)
         outcome = "tool_error" if raw.get("isError") else "ok"
     except CallFailed as failure:
         outcome = failure.outcome

@@ -13,7 +13,7 @@ from gateway.admin.store import Store, StoreError
 from gateway.admin.store.memory import MemoryStore
 from gateway.catalog import Catalog, Collision, Json, ToolSet
 from gateway.config import PinMode, ServerSpec
-from gateway.conversations import Conversations
+from gateway.conversations import CONVERSATION, Conversations
 from gateway.egress import EgressPolicy
 from gateway.logs import get_logger
 from gateway.metrics import Metrics
@@ -21,7 +21,7 @@ from gateway.naming import sanitise
 from gateway.pins import ChangedSinceReview, Pin, Pins
 from gateway.upstream.connection import Upstream
 from gateway.upstream.errors import State, describe
-from gateway.upstream.legacy import LegacySessions
+from gateway.upstream.legacy import LegacySessions, wants_legacy
 from gateway.upstream.tokens import Tokens
 from gateway.upstream.workers import CONFLICT, Refusal, WorkerPool
 
@@ -234,6 +234,21 @@ class Registry:
                 await listener(upstream.name, uri)
             except Exception as e:
                 log.error("resource update listener failed", server=upstream.name, reason=describe(e))
+
+    @asynccontextmanager
+    async def connection(
+        self, upstream: Upstream, version: str, capabilities: Mapping[str, Any] | None, tool: str | None = None
+    ) -> AsyncIterator[Upstream]:
+        """The connection a request to `upstream`'s server takes: the conversation's own (`isolation:
+        conversation`), a 2025-era session beside a 2026 one for a 2025-era caller with these `capabilities`
+        (None: no caller to ask; see `gateway.upstream.legacy`), or the server's shared connection."""
+        if upstream.spec.isolation == "conversation" and (conversation := CONVERSATION.get()) is not None:
+            async with self.conversations.using(upstream, conversation) as own:
+                yield own
+            return
+        if capabilities is not None and wants_legacy(upstream, version, capabilities):
+            upstream = await self.legacy.serving(upstream, tool)
+        yield upstream
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[Registry]:

@@ -18,14 +18,12 @@ from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 
 from gateway.access import View
 from gateway.calls import SERVER_INFO, SERVER_INFO_KEY, Draining, with_log_level
-from gateway.conversations import CONVERSATION
 from gateway.internals.sdk import CALLER_CAPABILITIES, later_revision_fields
 from gateway.labels import META_PREFIX
 from gateway.logs import get_logger
 from gateway.upstream.asks import Caller, declared
 from gateway.upstream.connection import Upstream
 from gateway.upstream.errors import CallFailed, State, describe
-from gateway.upstream.legacy import wants_legacy
 
 if TYPE_CHECKING:
     from gateway.registry import Registry
@@ -86,13 +84,8 @@ async def forward(
         meta = with_log_level(params.get("_meta") or {}, caller, upstream)
         params = {**params, "_meta": meta} if meta else params
     try:
-        if upstream.spec.isolation == "conversation" and (conversation := CONVERSATION.get()) is not None:
-            async with registry.conversations.using(upstream, conversation) as own:
-                raw = await _exchange(own, method, params, caller)
-        else:
-            if caller is not None and wants_legacy(upstream, version, caller.capabilities):
-                upstream = await registry.legacy.serving(upstream)
-            raw = await _exchange(upstream, method, params, caller)
+        async with registry.connection(upstream, version, caller.capabilities if caller else None) as serving:
+            raw = await _exchange(serving, method, params, caller)
     except CallFailed as failure:
         log.info("request failed", server=server, method=method, reason=str(failure))
         raise MCPError(types.INTERNAL_ERROR, str(failure)) from None
