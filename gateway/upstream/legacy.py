@@ -29,8 +29,8 @@ LEGACY_PROTOCOL = "2025-11-25"
 
 def wants_legacy(shared: Upstream, caller_version: str, capabilities: Mapping[str, Any]) -> bool:
     """Whether a request of a 2025-era caller with these `capabilities` should take a 2025-era session: the
-    caller can answer something the server may ask, and the server is reached over HTTP, left to negotiate
-    (`protocol: auto`), and spoke 2026."""
+    caller can answer something the server may ask, and the server (one of the gateway's own, not one a
+    conversation handed over) is reached over HTTP, left to negotiate (`protocol: auto`), and spoke 2026."""
     return (
         caller_version not in MODERN_PROTOCOL_VERSIONS
         and any(k in declared(shared.spec, dict(capabilities)) for k in ASKING)
@@ -38,6 +38,7 @@ def wants_legacy(shared: Upstream, caller_version: str, capabilities: Mapping[st
         and shared.spec.protocol == "auto"
         and shared.spec.kind == "http"
         and shared.spec.isolation != "conversation"
+        and shared.source != "conversation"  # a handed-over server ends with its conversation; nothing forgets it here
     )
 
 
