@@ -114,6 +114,7 @@ def build_app(settings: Settings, config: FileConfig, environ: Mapping[str, str]
             anyio.create_task_group() as tg,
         ):
             tg.start_soon(runtime.run)
+            tg.start_soon(door.departures.run)
             tg.start_soon(on_sighup)
             if resource_server is not None:
                 tg.start_soon(resource_server.warm_up)

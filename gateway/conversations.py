@@ -246,7 +246,7 @@ class Conversations:
             catalog.update(ToolSet(server, sanitise(server), False, None, tools))
         else:
             catalog.remove(server)
-        if not catalog.entries:
+        if not catalog.served:
             self._catalogs.pop(conversation, None)
 
     def handed_names(self) -> set[str]:

@@ -164,11 +164,23 @@ class Finder:
         self.catalog = catalog
         self.index = ToolIndex()
         self._indexed: dict[str, Json] = {}
+        self._version = -1  # the catalog's version the index is in step with
         self._lock = anyio.Lock()
 
     async def sync(self) -> None:
         """Bring the index in step with the catalog: add, replace and remove only what changed."""
         async with self._lock:
+            touched = self.catalog.changed_since(self._version)
+            self._version = self.catalog.version
+            if touched is not None:  # only the names the changes moved
+                for name in touched:
+                    entry = self.catalog.resolve(name)
+                    if entry is None and self._indexed.pop(name, None) is not None:
+                        self.index.remove(name)
+                    elif entry is not None and self._indexed.get(name) != entry.tool:
+                        self.index.put(name, entry.server, entry.tool)
+                        self._indexed[name] = entry.tool
+                return
             entries = self.catalog.entries
             work = 0
             for name in [n for n in self._indexed if n not in entries]:

@@ -218,14 +218,7 @@ class Metrics:
         self._servers.discard(server)
         self._degraded = {k for k in self._degraded if k[0] != server}
         for metric, names in self._per_server:
-            labelsets = {
-                tuple(sample.labels[n] for n in names)
-                for family in metric.collect()
-                for sample in family.samples
-                if sample.labels.get("server") == server
-            }
-            for labels in labelsets:
-                metric.remove(*labels)
+            _remove_series(metric, names, "server", server)
         for key in [k for k in self._children if k[0] in ("calls", "duration") and k[1] == server]:
             del self._children[key]
 
@@ -282,10 +275,18 @@ class Metrics:
             self.instance_stops.labels(server, reason).inc()
 
     # Worker series are labelled `name` and outlive the name's pool (which leaves when its last worker does),
-    # so a name whose workers come and go keeps one history.
+    # so a name whose workers come and go keeps one history, until the name is forgotten (`forget_worker`).
     def set_workers(self, name: str, count: int) -> None:
         """Set how many workers are connected and admitted for `name`."""
         self.workers_connected.labels(name).set(count)
+
+    def forget_worker(self, name: str) -> None:
+        """Drop every worker series of `name` (see `gateway/upstream/departures.py`)."""
+        workers = ((self.workers_connected, ("name",)), (self.worker_calls, ("name", "token")))
+        for metric, names in (*workers, (self.worker_disconnects, ("name", "reason"))):
+            _remove_series(metric, names, "name", name)
+        for key in [k for k in self._children if k[0] == "worker_calls" and k[1] == name]:
+            del self._children[key]
 
     def count_worker_call(self, name: str, token: str) -> None:
         """Count one call sent to a worker of `name` that dialled in with the token named `token`."""
@@ -350,3 +351,15 @@ class Metrics:
     def render(self) -> tuple[bytes, str]:
         """The exposition text and its content type."""
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+def _remove_series(metric: Any, names: tuple[str, ...], label: str, value: str) -> None:
+    """Remove every series of `metric` (labelled `names`) whose `label` is `value`."""
+    labelsets = {
+        tuple(sample.labels[n] for n in names)
+        for family in metric.collect()
+        for sample in family.samples
+        if sample.labels.get(label) == value
+    }
+    for labels in labelsets:
+        metric.remove(*labels)

@@ -155,6 +155,7 @@ class Pins:
         self._pins: dict[tuple[str, str], Pin] = {}
         self._seen: set[str] = set()
         self._reported: set[tuple[str, str, str]] = set()  # (server, tool, offered digest) already logged
+        self._digests: dict[tuple[str, str], tuple[Json, str]] = {}  # (server, tool) -> (tool as served, digest)
 
     def pins(self, server: str | None = None) -> list[Pin]:
         """The pins of one server, or of every server, sorted."""
@@ -170,7 +171,7 @@ class Pins:
 
     def judge(self, entry: Entry) -> Judged:
         """How an offered tool stands against its pin."""
-        offered = digest(visible(entry))
+        offered = self._digest(entry)
         if not self.loaded:
             return Judged(entry, "unknown", offered, None)
         pin = self._pins.get((entry.server, entry.original))
@@ -180,6 +181,30 @@ class Pins:
         if pin.form < FORM:  # an earlier version's pin: it judges what it holds, until `upgrade` completes it
             return Judged(entry, "pinned" if pin.digest == digest(visible_form_1(entry)) else "changed", offered, pin)
         return Judged(entry, "pinned" if pin.digest == offered else "changed", offered, pin)
+
+    def _digest(self, entry: Entry) -> str:
+        """The digest of what a client receives of a tool, computed once per definition served."""
+        key = (entry.server, entry.original)
+        known = self._digests.get(key)
+        if known is not None and known[0] is entry.tool:
+            return known[1]
+        offered = digest(visible(entry))
+        self._digests[key] = (entry.tool, offered)
+        return offered
+
+    def forget(self, server: str) -> None:
+        """Drop what was computed for a server that is gone (its pins stay in the store)."""
+        for key in [k for k in self._digests if k[0] == server]:
+            del self._digests[key]
+        self._reported = {r for r in self._reported if r[0] != server}
+
+    async def drop(self, server: str) -> None:
+        """Delete every pin of a server from the store (its next listing is pinned as on first use)."""
+        for key in [*(pin_key(server, tool) for s, tool in self._pins if s == server), pin_key(server, SEEN)]:
+            await self.store.delete_record(KIND, key)
+        self._pins = {k: pin for k, pin in self._pins.items() if k[0] != server}
+        self._seen.discard(server)
+        self.forget(server)
 
     def holds(self, entry: Entry) -> bool:
         """Whether a tool is held back: its server is on `hold` and the tool is not as pinned."""
@@ -217,14 +242,21 @@ class Pins:
 
     async def first_use(self, server: str, entries: Iterable[Entry]) -> None:
         """Pin a server's first complete listing as offered (where no replica pinned it first)."""
-        now = time.time()
-        for entry in entries:
+        now, offered = time.time(), list(entries)
+        written: list[Pin] = []
+        for entry in offered:
             definition = visible(entry)
             pin = Pin(server, entry.original, digest(definition), definition, "first use", now)
-            await self.store.put_record(KIND, pin_key(server, entry.original), pin.row(), only_new=True)
-        await self.store.put_record(KIND, pin_key(server, SEEN), {"at": now}, only_new=True)
+            if await self.store.put_record(KIND, pin_key(server, entry.original), pin.row(), only_new=True):
+                written.append(pin)
+        first = await self.store.put_record(KIND, pin_key(server, SEEN), {"at": now}, only_new=True)
         log.info("first listing pinned", server=server)
-        await self.load()
+        if first and len(written) == len(offered):
+            # nobody else pinned this server: what was written is all there is to know of it
+            self._pins.update({(server, pin.tool): pin for pin in written})
+            self._seen.add(server)
+        else:
+            await self.load()
 
     async def upgrade(self, entries: Iterable[Entry]) -> bool:
         """Complete the earlier version's pins (form 1) of these tools that still match: the keys they did not

@@ -152,6 +152,7 @@ class Registry:
         del self.upstreams[name]
         self.conversations.forget(name)
         self.legacy.forget(name)
+        self.pins.forget(name)
         self._published.pop(name, None)
         if forget:
             self.metrics.remove_server(name)
@@ -160,7 +161,7 @@ class Registry:
             self.metrics.upstream_tools.labels(name).set(0)
         changed = self.catalog.remove(name)
         if changed:
-            self.metrics.catalog_tools.set(len(self.catalog.entries))
+            self.metrics.catalog_tools.set(self.catalog.served)
         return changed
 
     async def replace(
@@ -326,7 +327,7 @@ class Registry:
             changed = self.catalog.remove(upstream.name)
         self.metrics.upstream_up.labels(upstream.name).set(1 if up else 0)
         self.metrics.upstream_tools.labels(upstream.name).set(len(tools))
-        self.metrics.catalog_tools.set(len(self.catalog.entries))
+        self.metrics.catalog_tools.set(self.catalog.served)
         self._observe_pins([upstream.name])
         if self._published.get(upstream.name, ()) != tools:
             self._published[upstream.name] = tools
@@ -373,7 +374,7 @@ class Registry:
             await self.pins.first_use(server, self.catalog.offered(server))
         except StoreError as e:
             log.error("first listing could not be pinned", server=server, reason=describe(e))
-        return self.catalog.refresh()
+        return self.catalog.refresh([server])
 
     async def _upgrade_pins(self, server: str) -> bool:
         """Complete a server's pins of an earlier form that still match (see `Pins.upgrade`); True when the merged
@@ -383,7 +384,7 @@ class Registry:
                 return False
         except StoreError as e:
             log.error("pins could not be completed", server=server, reason=describe(e))
-        return self.catalog.refresh()
+        return self.catalog.refresh([server])
 
     def _observe_pins(self, servers: Iterable[str]) -> None:
         """Log and count definitions unlike their pins, and export how many tools each server has held."""
@@ -394,7 +395,7 @@ class Registry:
             for entry in self.catalog.offered(server):
                 if self.pins.report(self.pins.judge(entry)):
                     self.metrics.count_pin_mismatch(server, mode)
-            self.metrics.set_held(server, sum(1 for e in self.catalog.held.values() if e.server == server))
+            self.metrics.set_held(server, self.catalog.held_of(server))
 
     async def refresh_pins(self) -> None:
         """Re-read the pins (another replica may have approved some) and judge every tool again."""
@@ -409,7 +410,7 @@ class Registry:
         listing_changed = changed and self.catalog.refresh()
         self._observe_pins(list(self.upstreams))
         if listing_changed:
-            self.metrics.catalog_tools.set(len(self.catalog.entries))
+            self.metrics.catalog_tools.set(self.catalog.served)
             await self._notify()
 
     async def approve(self, server: str, tools: Iterable[str], reviewed: Mapping[str, str] | None = None) -> list[Pin]:
@@ -436,7 +437,7 @@ class Registry:
         # the entries checked above are the definitions pinned, whatever the server offers meanwhile
         pins = await self.pins.approve(chosen, reviewed=reviewed is not None)
         if self.catalog.refresh():
-            self.metrics.catalog_tools.set(len(self.catalog.entries))
+            self.metrics.catalog_tools.set(self.catalog.served)
             await self._notify()
         self._observe_pins([server])
         return pins
@@ -444,7 +445,7 @@ class Registry:
     async def _notify(self) -> None:
         """Tell every listener; one that fails is logged and the others are still told. This runs in an
         upstream's owner task or a change's caller, which a listener's failure must never end."""
-        log.info("catalog changed", version=self.catalog.version, tools=len(self.catalog.entries))
+        log.info("catalog changed", version=self.catalog.version, tools=self.catalog.served)
         for listener in self._listeners:
             try:
                 await listener()

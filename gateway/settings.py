@@ -89,6 +89,11 @@ class WorkerSettings(BaseModel):
     timeout: float = Field(default=60.0, gt=0, description="seconds a call may go without an answer or progress")
     max_concurrent: int = Field(default=32, ge=1, description="calls in flight to one worker")
     max_queued: int = Field(default=64, ge=0, description="calls waiting for a slot of one worker")
+    max_names_per_token: int = Field(default=32, ge=1, description="names one token's workers may offer at once")
+    forget_after: float = Field(
+        default=7 * 86400, gt=0, description="seconds after its last worker left that a name's series and pins go"
+    )
+    max_departed: int = Field(default=1000, ge=0, description="departed names remembered; the longest gone go first")
 
 
 class Settings(BaseSettings):

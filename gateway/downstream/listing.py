@@ -34,6 +34,7 @@ class Listings:
         self._version = catalog.version
         self._results: dict[tuple[str, str], Json] = {}
         self._bodies: dict[tuple[str, str], bytes] = {}
+        self._names: dict[str, tuple[bool, int, frozenset[str]]] = {}  # view -> (deferred, catalog version, names)
 
     def visible(self, view: View) -> list[Json]:
         """The published tools this view lists: all it may call, or with deferred exposure the search and call
@@ -44,6 +45,21 @@ class Listings:
         if view is OPEN_VIEW:
             return self.catalog.listing
         return [e.tool for e in self.catalog.entries.values() if view.allows(e)]
+
+    def names(self, view: View) -> frozenset[str]:
+        """The names this view lists, kept in step with the catalog from the names each change moved (what a
+        change notice compares: only the changed server's tools are looked at again)."""
+        deferred, version = self.deferred(view), self.catalog.version
+        known = self._names.get(view.name)
+        touched = self.catalog.changed_since(known[1]) if known is not None and known[0] == deferred else None
+        if known is not None and touched is not None:
+            lists = (lambda e: self.always(e) and view.allows(e)) if deferred else view.allows
+            kept = known[2] - touched
+            names = kept | {n for n in touched if (e := self.catalog.resolve(n)) is not None and lists(e)}
+        else:
+            names = frozenset(t["name"] for t in self.visible(view))
+        self._names[view.name] = (deferred, version, names)
+        return names
 
     def result(self, view: View, version: str) -> Json:
         """The handler's result (the SDK adds the 2026 cache hints and identity stamp to it)."""

@@ -719,12 +719,12 @@ class Frontend:
             changed = []
             for name, view in self.views.items():
                 if kind == "tools":
-                    now: Any = tuple(t["name"] for t in self.listings.visible(view))
+                    now: Any = self.listings.names(view)
                 elif kind == "prompts":
                     now = self._visible_prompts(view)
                 else:
                     now = (self._visible(view, "resources"), self._visible(view, "templates"))
-                if self._seen.get((kind, name), () if kind == "tools" else None) != now:
+                if self._seen.get((kind, name), frozenset() if kind == "tools" else None) != now:
                     first = (kind, name) not in self._seen
                     self._seen[(kind, name)] = now
                     if not (first and kind != "tools"):

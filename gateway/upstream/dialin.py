@@ -8,8 +8,10 @@ with a close code and a reason the worker can show (see the codes in `gateway/up
 
 from __future__ import annotations
 
+from collections import Counter, defaultdict
 from collections.abc import Iterable
 
+import anyio
 from starlette.websockets import WebSocket
 
 from gateway.access import TokenSpec, TokenTable
@@ -18,10 +20,12 @@ from gateway.logs import get_logger
 from gateway.naming import reserved_problem
 from gateway.registry import NameTaken, Registry
 from gateway.settings import WorkerSettings
+from gateway.upstream.departures import Departures
 from gateway.upstream.workers import (
     BAD_REQUEST,
     CONFLICT,
     FORBIDDEN,
+    TOO_MANY,
     UNAUTHORIZED,
     Refusal,
     SocketEnd,
@@ -42,6 +46,19 @@ class WorkerDoor:
         self.tokens = TokenTable(tokens)
         self.limits = limits
         self.max_message_bytes = max_message_bytes
+        self.departures = Departures(
+            registry.pins.store,
+            self._forget,
+            lambda name: name in registry.upstreams,
+            forget_after=limits.forget_after,
+            keep=limits.max_departed,
+        )
+        self._names: dict[str, Counter[str]] = defaultdict(Counter)  # token name -> names its workers offer
+
+    async def _forget(self, name: str) -> None:
+        """Delete what a departed name left behind: its metric series and its pins."""
+        self.registry.metrics.forget_worker(name)
+        await self.registry.pins.drop(name)
 
     def spec_for(self, name: str, token: TokenSpec) -> ServerSpec:
         """The options of a server offered by workers under `name` with `token`."""
@@ -71,6 +88,10 @@ class WorkerDoor:
             return Refusal(BAD_REQUEST, reserved, "bad_name")
         if not token.may_offer_name(name):
             return Refusal(FORBIDDEN, f"token '{token.name}' may not offer '{name}' (see its may_offer)", "forbidden")
+        offered = self._names[token.name]
+        if name not in offered and len(offered) >= self.limits.max_names_per_token:
+            why = f"token '{token.name}' already offers {len(offered)} names (workers.max_names_per_token)"
+            return Refusal(TOO_MANY, why, "too_many_names")
         return None
 
     async def serve(self, websocket: WebSocket) -> None:
@@ -87,7 +108,10 @@ class WorkerDoor:
             await self._refused(socket, refusal or CLOSED, name[:64])
             return
         link: WorkerLink | None = None
+        offered = self._names[token.name]
+        offered[name] += 1
         try:
+            await self.departures.back(name)
             async with self.registry.worker_pool(self.spec_for(name, token)) as pool:
                 link = WorkerLink(
                     pool,
@@ -103,6 +127,13 @@ class WorkerDoor:
             refusal = Refusal(CONFLICT, f"'{name}' is the name or prefix of a server the gateway has", "clash")
         except Refusal as e:
             refusal = e
+        finally:
+            offered[name] -= 1
+            if offered[name] <= 0:
+                del offered[name]
+            if name not in self.registry.upstreams:
+                with anyio.CancelScope(shield=True):
+                    await self.departures.left(name)
         if refusal is not None or link is None:
             await self._refused(socket, refusal or CLOSED, name)
             return

@@ -14,6 +14,7 @@ import json
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -382,3 +383,60 @@ async def test_a_worker_over_the_limits_is_refused(gateway: Gateway, tmp_path: P
     assert metric(gateway, "manifold_worker_refusals_total", reason="too_many_tools") >= 1
     assert metric(gateway, "manifold_worker_refusals_total", reason="too_big") >= 1
     assert await admin(gateway, "/admin/servers/fx-many") is None
+
+
+async def test_names_per_token_are_capped_and_a_departed_name_is_forgotten_beyond_the_bound(
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
+    # At most 2 names per token at once; of the names whose workers all left, only the most recent is remembered:
+    # the other's metric series and pins are deleted, and a worker offering it again is met as a new name.
+    db = tmp_path / "store.db"
+    config = {
+        **CONFIG,
+        "store": f"sqlite:///{db}",
+        "workers": {"max_tools": 100, "max_names_per_token": 2, "max_departed": 1},
+    }
+    alpha, beta = tmp_path / "alpha.json", tmp_path / "beta.json"
+    alpha.write_text(json.dumps(["alpha"]))
+    beta.write_text(json.dumps(["beta"]))
+
+    def series(gw: Gateway, name: str) -> list[str]:
+        text = httpx2.get(f"{gw.base}/metrics", timeout=10).text
+        return [line for line in text.splitlines() if f'name="{name}"' in line and not line.startswith("#")]
+
+    async def pinned(gw: Gateway, name: str) -> list[str]:
+        """The tools of `name` with a pin in the store (read from the store itself: a departed name is no server)."""
+        with sqlite3.connect(db) as c:
+            keys = [
+                k for (k,) in c.execute("SELECT key FROM records WHERE kind = 'pins' AND key LIKE ?", (f"{name}/%",))
+            ]
+        return sorted(k.partition("/")[2] for k in keys if k != f"{name}/")
+
+    with run_gateway(tmp_path_factory.mktemp("departures"), config) as gw:
+        async with connect(gw.url, "2026-07-28", headers=AGENT) as client:
+            with worker(gw, "fx-a", "laptop", fixture_server("a", "--tools-file", str(alpha))):
+                with worker(gw, "fx-b", "laptop", fixture_server("b", "--tools-file", str(alpha))):
+                    await client.wait_for(lambda names: {"fx-a__alpha", "fx-b__alpha"} <= set(names))
+                    with worker(gw, "fx-c", "laptop", fixture_server("c")) as third:
+                        await logged(third, "already offers 2 names (workers.max_names_per_token)")
+                    assert metric(gw, "manifold_worker_refusals_total", reason="too_many_names") >= 1
+                    assert "alpha" in await pinned(gw, "fx-b")
+                await client.wait_for(lambda names: "fx-b__alpha" not in names)  # fx-b left first
+            await client.wait_for(lambda names: "fx-a__alpha" not in names)
+
+            async def forgotten() -> bool:
+                return not series(gw, "fx-b") and await pinned(gw, "fx-b") == []
+
+            await eventually(forgotten, what="fx-b's series and pins deleted")
+            assert series(gw, "fx-a"), "the most recent departed name keeps its history"
+            assert "alpha" in await pinned(gw, "fx-a")
+            # Back with another tool: the forgotten name is pinned anew and served; the remembered one is held.
+            with (
+                worker(gw, "fx-a", "laptop", fixture_server("a", "--tools-file", str(beta))),
+                worker(gw, "fx-b", "laptop", fixture_server("b", "--tools-file", str(beta))),
+            ):
+                await client.wait_for(lambda names: "fx-b__beta" in names)
+                await wait_workers(gw, "fx-a", 1)
+                pins = await admin(gw, "/admin/pins?server=fx-a")
+                assert [(p["tool"], p["held"]) for p in pins["pins"] if p["tool"] == "beta"] == [("beta", True)]
+                assert "fx-a__beta" not in await client.tool_names()

@@ -2,6 +2,9 @@
 
 import hashlib
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from gateway.catalog import Catalog, Collision, Entry, ToolSet, merge
 
 
@@ -185,3 +188,121 @@ def test_suffixed_name_never_replaces_another_tool():
     third = f"a_b_{_h('s', 'a.b')}"
     entries, _ = merge([_set("s", "a.b", "a_b", third)])
     assert sorted(e.original for e in entries.values()) == ["a.b", "a_b", third]
+
+
+# A change merges again only the names it touches; after any sequence of changes the catalog must be exactly what
+# merging every server at once gives, and `update`/`remove` must say True exactly when the listing changed.
+_POOL = ["a.b", "a_b", "echo", "x", f"a_b_{_h('s1', 'a.b')}", f"a_b_{_h('s2', 'a_b')}", "manifold__x", "p__echo"]
+_HELD = {"x", "a_b"}
+
+
+def _holds(entry: Entry) -> bool:
+    return entry.server == "s3" and entry.original in _HELD
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["s1", "s2", "s3"]),
+            st.sampled_from(["", "p", None]),
+            st.lists(st.sampled_from(_POOL), unique=True, max_size=5),
+            st.booleans(),
+        ),
+        max_size=12,
+    )
+)
+def test_changes_one_server_at_a_time_give_what_a_whole_merge_gives(steps):
+    catalog = Catalog(holds=_holds)
+    sets: dict[str, ToolSet] = {}
+    for server, prefix, names, remove in steps:
+        before = (list(catalog.listing), dict(catalog.prompts))
+        version, served_before = catalog.version, {t["name"]: t for t in catalog.listing}
+        if remove:
+            changed = catalog.remove(server)
+            sets.pop(server, None)
+        else:
+            ts = ToolSet(
+                server,
+                server if prefix is None else prefix,
+                False,
+                None,
+                tuple(_tool(n) for n in names),
+                prompts=tuple({"name": n} for n in names[:2]),
+            )
+            changed = catalog.update(ts)
+            sets[server] = ts
+        entries, collisions = merge(sets.values())
+        prompts, prompt_collisions = merge(sets.values(), "prompts")
+        served = {n: e for n, e in entries.items() if not _holds(e)}
+        assert catalog.entries == served
+        assert list(catalog.entries) == list(served)
+        assert catalog.held == {n: e for n, e in entries.items() if _holds(e)}
+        assert catalog.listing == [e.tool for e in served.values()]
+        assert catalog.prompts == prompts
+        assert catalog.collisions == sorted(collisions + prompt_collisions, key=lambda c: c.name)
+        assert catalog.served == len(served)
+        assert changed == (before != (catalog.listing, catalog.prompts))
+        served_now = {t["name"]: t for t in catalog.listing}
+        moved = {n for n in served_before.keys() | served_now.keys() if served_before.get(n) != served_now.get(n)}
+        assert moved <= (catalog.changed_since(version) or set()), "a reader in step misses no moved name"
+        for server_name in ("s1", "s2", "s3"):
+            assert catalog.offered(server_name) == sorted(
+                (e for e in entries.values() if e.server == server_name), key=lambda e: e.public
+            )
+
+
+def test_a_change_costs_what_the_changed_server_offers_not_the_whole_catalog():
+    # 100 servers of 20 tools arriving one by one: each tool is named, published and judged by the pins once,
+    # not once per later arrival (which made 100 workers of 20 tools cost tens of seconds of CPU).
+    judged: list[str] = []
+
+    def holds(entry: Entry) -> bool:
+        judged.append(entry.public)
+        return False
+
+    catalog = Catalog(holds=holds)
+    for n in range(100):
+        assert catalog.update(_set(f"w{n}", *(f"t{i}" for i in range(20)))) is True
+    assert len(judged) == 2000 and len(set(judged)) == 2000
+    assert catalog.served == 2000
+    judged.clear()
+    assert catalog.remove("w50") is True
+    assert catalog.update(_set("w7", *(f"t{i}" for i in range(21)))) is True
+    assert len(judged) == 21, "only the changed server's tools are judged again"
+    assert catalog.refresh(["w8"]) is False
+    assert len(judged) == 41, "a refresh for one server's pins judges that server's tools"
+    assert len(catalog.listing) == 1981 and catalog.resolve("w50__t0") is None
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["s1", "s2", "s3"]), st.lists(st.sampled_from(_POOL), unique=True, max_size=5)),
+        max_size=10,
+    ),
+    st.integers(min_value=1, max_value=3),
+)
+def test_readers_that_follow_changes_see_what_a_full_read_sees(steps, every):
+    # The listings behind change notices and the search index read only the names each change moved.
+    import anyio
+
+    from gateway.access import OPEN_VIEW, View
+    from gateway.downstream.listing import Listings
+    from gateway.exposure import Finder
+
+    catalog = Catalog(holds=_holds)
+    views = [OPEN_VIEW, View("narrow", servers=("s1", "s3"), tools=("*echo*", "a_b*"))]
+    listings, finder = Listings(catalog), Finder(catalog)
+    for n, (server, names) in enumerate(steps):
+        if names:
+            catalog.update(ToolSet(server, server if n % 2 else "", False, None, tuple(_tool(t) for t in names)))
+        else:
+            catalog.remove(server)
+        if n % every:
+            continue  # readers may fall several changes behind
+        for view in views:
+            assert listings.names(view) == frozenset(t["name"] for t in listings.visible(view))
+        anyio.run(finder.sync)
+        assert set(finder._indexed) == set(catalog.entries)
+        assert all(finder._indexed[name] == e.tool for name, e in catalog.entries.items())

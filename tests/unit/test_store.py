@@ -208,6 +208,11 @@ async def test_records_put_only_new_and_read_back(kind: str, tmp_path: Path, req
         assert (await store.records("pins")).servers == {"fx/a": {"digest": "1"}, "fx/b": {"digest": "4"}}
         assert (await store.records("other")).servers == {"fx/a": {"x": 1}}
         assert (await store.load()).servers == {}, "records are not servers"
+        assert await store.delete_record("pins", "fx/a")
+        assert not await store.delete_record("pins", "fx/a"), "a record is deleted once"
+        assert not await store.delete_record("pins", "nope")
+        assert (await store.records("pins")).servers == {"fx/b": {"digest": "4"}}
+        assert (await store.records("other")).servers == {"fx/a": {"x": 1}}, "only the kind named"
     finally:
         await store.close()
 

@@ -139,3 +139,30 @@ async def test_a_pool_lives_while_a_worker_holds_it_and_never_takes_another_serv
                 assert pool.status()["workers"] == 0
             assert "laptop" not in registry.upstreams, "the pool leaves with its last worker"
             assert registry.upstreams["github"].source == "config"
+
+
+@pytest.mark.anyio
+async def test_departed_names_are_forgotten_after_a_while_or_beyond_the_bound() -> None:
+    import time
+
+    from gateway.admin.store.memory import MemoryStore
+    from gateway.upstream.departures import KIND, Departures
+
+    store = MemoryStore()
+    forgotten: list[str] = []
+    live = {"busy"}
+
+    async def forget(name: str) -> None:
+        forgotten.append(name)
+
+    departures = Departures(store, forget, live.__contains__, forget_after=50, keep=2)
+    now = time.time()
+    for name, ago in (("old", 100), ("busy", 90), ("recent", 10)):
+        await store.put_record(KIND, name, {"at": now - ago})
+    assert await departures.sweep() == ["old"]
+    assert sorted((await store.records(KIND)).servers) == ["recent"], "a live name is no longer departed"
+    await departures.left("a")
+    await departures.left("b")
+    assert forgotten == ["old", "recent"], "beyond `keep`, the longest gone is forgotten"
+    await departures.back("a")
+    assert sorted((await store.records(KIND)).servers) == ["b"]

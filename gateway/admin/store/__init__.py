@@ -78,6 +78,9 @@ class Store(Protocol):
         """Write a record (with `only_new`, only where the key is free); True when written. Announced on
         `changes()` as `"{kind} {key}"`."""
 
+    async def delete_record(self, kind: str, key: str) -> bool:
+        """Delete a record; True when there was one. Announced on `changes()` as `"{kind} {key}"`."""
+
     def changes(self) -> AsyncIterator[str]:
         """Yield a reason each time the store may have changed elsewhere (forever; empty for local stores):
         `add NAME`, `remove NAME`, `{kind} {key}` for a record, or `subscribed` after each (re)subscription."""

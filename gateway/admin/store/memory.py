@@ -48,6 +48,9 @@ class MemoryStore:
         rows[key] = dict(value)
         return True
 
+    async def delete_record(self, kind: str, key: str) -> bool:
+        return self._records.get(kind, {}).pop(key, None) is not None
+
     async def changes(self) -> AsyncIterator[str]:
         await anyio.sleep_forever()
         yield ""  # pragma: no cover

@@ -100,6 +100,15 @@ class RedisStore:
             raise self._error(e) from None
         return written
 
+    async def delete_record(self, kind: str, key: str) -> bool:
+        try:
+            deleted = bool(await self._client.hdel(RECORDS + kind, key))
+            if deleted:
+                await self._client.publish(CHANNEL, f"{kind} {key}")
+        except (RedisError, OSError) as e:
+            raise self._error(e) from None
+        return deleted
+
     async def lock(self, name: str, token: str, ttl: float) -> bool:
         try:
             return bool(await self._client.set(LOCKS + name, token, nx=True, px=max(1, int(ttl * 1000))))

@@ -96,6 +96,12 @@ class SqliteStore:
         )
         return bool(count)
 
+    async def delete_record(self, kind: str, key: str) -> bool:
+        count = await self._run(
+            lambda c: c.execute("DELETE FROM records WHERE kind = ? AND key = ?", (kind, key)).rowcount
+        )
+        return bool(count)
+
     async def lock(self, name: str, token: str, ttl: float) -> bool:
         def take(c: sqlite3.Connection) -> bool:
             now = time.time()  # the wall clock: other processes on the node share the file
