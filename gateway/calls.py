@@ -15,21 +15,20 @@ import hmac
 import json
 import time
 from collections.abc import Mapping
-from functools import cache
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import mcp.types as types
 from mcp import MCPError
 from mcp.server import ServerRequestContext
-from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 
 from gateway import __version__
 from gateway.access import View
 from gateway.backoff import Backoff
 from gateway.catalog import Entry
 from gateway.conversations import CONVERSATION
-from gateway.internals.sdk import CALLER_CAPABILITIES, later_revision_fields
+from gateway.era import LOG_LEVEL_KEY, RESERVED_META, Era
+from gateway.internals.sdk import CALLER_CAPABILITIES
 from gateway.labels import META_PREFIX
 from gateway.logs import get_logger
 from gateway.upstream.asks import ASKING, Caller, Mute, declared
@@ -40,10 +39,7 @@ if TYPE_CHECKING:
     from gateway.registry import Registry
 
 Json = dict[str, Any]
-RESERVED_META = "io.modelcontextprotocol/"
-SERVER_INFO_KEY = "io.modelcontextprotocol/serverInfo"
 SERVER_INFO = {"name": "manifold", "version": __version__}
-LOG_LEVEL_KEY = "io.modelcontextprotocol/logLevel"
 MAX_INPUT_ROUNDS = 16
 log = get_logger("calls")
 
@@ -114,7 +110,7 @@ def talks(caller: Caller | None) -> bool:
 def with_log_level(meta: Mapping[str, Any], caller: Caller | None, upstream: Upstream) -> Mapping[str, Any]:
     """A 2025-era caller's session log level, as the per-request opt-in a 2026-era server reads."""
     level = getattr(caller, "level", None)
-    if level is None or upstream.protocol_version not in MODERN_PROTOCOL_VERSIONS or LOG_LEVEL_KEY in meta:
+    if level is None or not Era.of(upstream.protocol_version).modern or LOG_LEVEL_KEY in meta:
         return meta
     return {**meta, LOG_LEVEL_KEY: level}
 
@@ -126,37 +122,12 @@ def error_result(entry: Entry, reason: str, version: str) -> Json:
 
 
 def shape_result(raw: Json, entry: Entry, version: str) -> Json:
-    """The upstream's result for a caller of protocol `version`: Manifold's labels and identity, nothing else's.
-
-    The upstream's identity stamp is replaced by Manifold's (2026-07-28), `resultType` is set for
-    2026 callers and dropped for earlier ones, as are fields only later revisions define. A result
-    that asks for more input (`input_required`) cannot reach an earlier-era caller: that is an error.
-    """
-    meta = raw.get("_meta")
-    kept = {k: v for k, v in meta.items() if k != SERVER_INFO_KEY} if isinstance(meta, dict) else {}
-    kept[f"{META_PREFIX}server"] = entry.server
-    kept[f"{META_PREFIX}trust"] = entry.labels.trust
-    if version in MODERN_PROTOCOL_VERSIONS:
-        kept[SERVER_INFO_KEY] = SERVER_INFO
-        result = {**raw, "_meta": kept}
-        result.setdefault("resultType", "complete")
-        return result
-    kind = raw.get("resultType", "complete")
-    if kind != "complete":
-        raise MCPError(
-            types.INTERNAL_ERROR,
-            f"server '{entry.server}' answered {entry.public} with a {kind!r} result, which a {version} client "
-            "cannot take",
-        )
-    foreign = _unknown_to(version)
-    kept_fields = raw if foreign.isdisjoint(raw) else {k: v for k, v in raw.items() if k not in foreign}
-    return {**kept_fields, "_meta": kept}
-
-
-@cache
-def _unknown_to(version: str) -> frozenset[str]:
-    """The `tools/call` result fields a caller of an earlier `version` does not know (`resultType` always)."""
-    return later_revision_fields("tools/call", version) | {"resultType"}
+    """The upstream's result for a caller of protocol `version`, labelled with its server and trust, shaped for
+    the caller's era (`Era.shape`)."""
+    labels = {f"{META_PREFIX}server": entry.server, f"{META_PREFIX}trust": entry.labels.trust}
+    return Era.of(version).shape(
+        raw, "tools/call", SERVER_INFO, labels=labels, server=entry.server, subject=entry.public
+    )
 
 
 class ProgressRelay:
@@ -239,7 +210,7 @@ async def confirm(
     `input_required` result and retry with the answer, tied to this tool and these arguments.
     """
     version = ctx.protocol_version
-    modern = version in MODERN_PROTOCOL_VERSIONS
+    modern = Era.of(version).modern
     capabilities = ctx.session.client_capabilities
     if capabilities is None or capabilities.elicitation is None:
         return error_result(
@@ -392,7 +363,7 @@ async def forward_call(
     async def exchange(upstream: Upstream) -> Json:
         with upstream.callers.serving(in_flight):
             raw = await call_with_retries(upstream, entry, arguments, meta, relay, extra, lean=not talks(caller))
-            if caller is not None and version not in MODERN_PROTOCOL_VERSIONS:
+            if caller is not None and not Era.of(version).modern:
                 raw = await answer_rounds(upstream, entry, arguments, meta, relay, caller, raw)
             if caller is not None:
                 await upstream.callers.settle()

@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from gateway.credentials import OAuthParams, fill_oauth, use_problems
+from gateway.era import Protocol
 from gateway.interpolate import MissingVariable, interpolate
 from gateway.naming import reserved_problem, sanitise
 
@@ -95,7 +96,6 @@ class ToolOverride(BaseModel):
         return self
 
 
-Protocol = Literal["auto", "2025-11-25", "2026-07-28"]
 PinMode = Literal["off", "warn", "hold"]
 Isolation = Literal["shared", "conversation"]
 

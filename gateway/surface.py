@@ -3,22 +3,21 @@
 Each request is admitted against the caller's view (a prompt or resource of a server outside the
 view is unknown, with the same answer as one that does not exist), routed to its server under the
 server's slots and deadline, and its answer is labelled with the server and its trust and shaped
-for the caller's protocol era, exactly as tool results are (`gateway.calls`).
+for the caller's protocol era, by the same rules as tool results (`Era.shape`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from functools import cache
 from typing import TYPE_CHECKING, Any
 
 import mcp.types as types
 from mcp import MCPError
-from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 
 from gateway.access import View
-from gateway.calls import SERVER_INFO, SERVER_INFO_KEY, Draining, with_log_level
-from gateway.internals.sdk import CALLER_CAPABILITIES, later_revision_fields
+from gateway.calls import SERVER_INFO, Draining, with_log_level
+from gateway.era import Era
+from gateway.internals.sdk import CALLER_CAPABILITIES
 from gateway.labels import META_PREFIX
 from gateway.logs import get_logger
 from gateway.upstream.asks import Caller, declared
@@ -29,38 +28,19 @@ if TYPE_CHECKING:
     from gateway.registry import Registry
 
 Json = dict[str, Any]
-RESOURCE_NOT_FOUND = -32002  # 2025-era code; 2026-07-28 answers -32602 (SEP-2164)
 LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 log = get_logger("surface")
 
 
 def resource_not_found(uri: str, version: str) -> MCPError:
     """The error the caller's revision gives for a URI no server in its view offers."""
-    code = types.INVALID_PARAMS if version in MODERN_PROTOCOL_VERSIONS else RESOURCE_NOT_FOUND
-    return MCPError(code, f"Resource not found: {uri}", {"uri": uri})
+    return MCPError(Era.of(version).resource_not_found, f"Resource not found: {uri}", {"uri": uri})
 
 
 def shape(raw: Json, method: str, server: str, trusted: bool, version: str) -> Json:
-    """An upstream's answer for the caller: Manifold's identity and labels, the fields the caller's era knows."""
-    meta = raw.get("_meta")
-    kept = {k: v for k, v in meta.items() if k != SERVER_INFO_KEY} if isinstance(meta, dict) else {}
-    kept[f"{META_PREFIX}server"] = server
-    kept[f"{META_PREFIX}trust"] = "trusted" if trusted else "outside"
-    if version in MODERN_PROTOCOL_VERSIONS:
-        return {"resultType": "complete", **raw, "_meta": {**kept, SERVER_INFO_KEY: SERVER_INFO}}
-    kind = raw.get("resultType", "complete")
-    if kind != "complete":
-        raise MCPError(
-            types.INTERNAL_ERROR,
-            f"server '{server}' answered {method} with a {kind!r} result, which a {version} client cannot take",
-        )
-    foreign = _unknown_to(method, version)
-    return {**{k: v for k, v in raw.items() if k not in foreign}, "_meta": kept}
-
-
-@cache
-def _unknown_to(method: str, version: str) -> frozenset[str]:
-    return later_revision_fields(method, version) | {"resultType", "ttlMs", "cacheScope"}
+    """An upstream's answer for the caller, labelled with its server and trust, shaped for the caller's era."""
+    labels = {f"{META_PREFIX}server": server, f"{META_PREFIX}trust": "trusted" if trusted else "outside"}
+    return Era.of(version).shape(raw, method, SERVER_INFO, labels=labels, server=server)
 
 
 async def forward(
@@ -192,9 +172,7 @@ async def set_level(registry: Registry, view: View, level: str) -> None:
 
 def _logs(upstream: Upstream) -> bool:
     return (
-        upstream.state is State.UP
-        and upstream.offers.has("logging")
-        and upstream.protocol_version not in MODERN_PROTOCOL_VERSIONS
+        upstream.state is State.UP and upstream.offers.has("logging") and not Era.of(upstream.protocol_version).modern
     )
 
 

@@ -13,9 +13,9 @@ import mcp.types as types
 from mcp import MCPError
 from mcp.server import ServerRequestContext
 from mcp.shared.message import ServerMessageMetadata
-from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, ValidationError
 
+from gateway.era import LOG_LEVEL_KEY, Era
 from gateway.logs import get_logger
 from gateway.surface import at_least
 
@@ -25,7 +25,6 @@ ANSWERS: dict[str, type[BaseModel]] = {
     "elicitation/create": types.ElicitResult,
     "roots/list": types.ListRootsResult,
 }
-LOG_LEVEL_KEY = "io.modelcontextprotocol/logLevel"
 log = get_logger("callers")
 
 
@@ -44,8 +43,8 @@ class SessionCaller:
         self._ctx = ctx
         self.session = session
         self._level = level
-        self.level = None if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS else level
-        self.modern = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
+        self.modern = Era.of(ctx.protocol_version).modern
+        self.level = None if self.modern else level
         self.capabilities = declared_capabilities(ctx)
         if self.modern:
             meta = ctx.meta or {}

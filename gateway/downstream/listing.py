@@ -6,11 +6,11 @@ from collections.abc import Callable
 from typing import Any
 
 from mcp.server.caching import CacheHint
-from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 
 from gateway.access import OPEN_VIEW, View
-from gateway.calls import SERVER_INFO, SERVER_INFO_KEY
+from gateway.calls import SERVER_INFO
 from gateway.catalog import Catalog, Entry
+from gateway.era import Era
 from gateway.exposure import CALL_DEFINITION, SEARCH_DEFINITION
 from gateway.jsonrpc import encode
 
@@ -66,10 +66,7 @@ class Listings:
         key = self._key(view, version)
         result = self._results.get(key)
         if result is None:
-            result = {"tools": self.visible(view)}
-            if version in MODERN_PROTOCOL_VERSIONS:
-                result["resultType"] = "complete"
-            self._results[key] = result
+            result = self._results[key] = Era.of(version).with_result_type({"tools": self.visible(view)})
         return result
 
     def body(self, view: View, version: str) -> bytes:
@@ -77,11 +74,7 @@ class Listings:
         key = self._key(view, version)
         body = self._bodies.get(key)
         if body is None:
-            result = dict(self.result(view, version))
-            if version in MODERN_PROTOCOL_VERSIONS:
-                result.update(
-                    cacheScope=LISTING_CACHE.scope, ttlMs=LISTING_CACHE.ttl_ms, _meta={SERVER_INFO_KEY: SERVER_INFO}
-                )
+            result = Era.of(version).shape(self.result(view, version), "tools/list", SERVER_INFO, cache=LISTING_CACHE)
             body = self._bodies[key] = encode(result)
         return body
 

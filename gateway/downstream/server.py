@@ -25,12 +25,11 @@ from mcp.server.subscriptions import (
     ToolsListChanged,
 )
 from mcp.types.methods import serialize_server_result
-from mcp.types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERSION, MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
 from gateway import surface
 from gateway.access import OPEN_VIEW, Exposure, View
-from gateway.calls import SERVER_INFO, SERVER_INFO_KEY, call_tool, forwardable_meta
+from gateway.calls import SERVER_INFO, call_tool, forwardable_meta
 from gateway.catalog import Entry
 from gateway.conversations import CONVERSATION, conversation_key
 from gateway.downstream.callers import SessionCaller, declared_capabilities
@@ -39,6 +38,7 @@ from gateway.downstream.held import HeldCalls
 from gateway.downstream.listing import LISTING_CACHE, Listings
 from gateway.downstream.sessions import Sessions
 from gateway.egress import EgressPolicy
+from gateway.era import Era, handshake_version
 from gateway.exposure import (
     CALL_TOOL,
     OWN_TOOLS,
@@ -80,9 +80,7 @@ def page(items: list[Any], cursor: str | None, key: str, version: str) -> Json:
     result: Json = {key: items[start : start + PAGE_SIZE]}
     if start + PAGE_SIZE < len(items):
         result["nextCursor"] = str(start + PAGE_SIZE)
-    if version in MODERN_PROTOCOL_VERSIONS:
-        result["resultType"] = "complete"
-    return result
+    return Era.of(version).with_result_type(result)
 
 
 Json = dict[str, Any]
@@ -120,7 +118,7 @@ class ManifoldServer(Server[Any]):
         for name in ("prompts", "resources", "completions", "logging"):
             if name not in offered:
                 update[name] = None
-        if "tasks" in offered and protocol_version not in MODERN_PROTOCOL_VERSIONS:
+        if "tasks" in offered and not Era.of(protocol_version).modern:
             update["tasks"] = types.ServerTasksCapability.model_validate(
                 {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}
             )
@@ -143,9 +141,7 @@ class ManifoldServer(Server[Any]):
 
 def _own_result(result: Json, version: str) -> Json:
     """A result of one of the gateway's own tools, shaped for the caller's protocol era."""
-    if version in MODERN_PROTOCOL_VERSIONS:
-        return {**result, "resultType": "complete", "_meta": {SERVER_INFO_KEY: SERVER_INFO}}
-    return result
+    return Era.of(version).shape(result, "tools/call", SERVER_INFO)
 
 
 def request_view(ctx: ServerRequestContext[Any, Any]) -> View:
@@ -304,7 +300,7 @@ class Frontend:
     async def _reveal(self, ctx: ServerRequestContext[Any], names: list[str]) -> None:
         """Add found tools to a 2025 session's listing, and tell it its listing changed."""
         session_id = ctx.request.headers.get(SESSION_HEADER) if ctx.request is not None else None
-        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS or not session_id or not names:
+        if Era.of(ctx.protocol_version).modern or not session_id or not names:
             return
         if self.sessions.reveal(session_id, names, MAX_REVEALED):
             try:
@@ -407,7 +403,7 @@ class Frontend:
         """Whose a task is: a 2025-era caller's session, else (sessionless) the caller's token (for an OAuth
         token: its rule and subject)."""
         session_id = ctx.request.headers.get(SESSION_HEADER) if ctx.request is not None else None
-        if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS and session_id:
+        if not Era.of(ctx.protocol_version).modern and session_id:
             return f"session:{session_id}"
         return f"token:{request_owner(ctx)}"
 
@@ -415,12 +411,12 @@ class Frontend:
         return await self._task(ctx, "tasks/get")
 
     async def _task_update(self, ctx: ServerRequestContext[Any], params: Any) -> Any:
-        if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+        if not Era.of(ctx.protocol_version).has("tasks/update"):
             raise MCPError(types.METHOD_NOT_FOUND, "Method not found", "tasks/update")
         return await self._task(ctx, "tasks/update")
 
     async def _task_result(self, ctx: ServerRequestContext[Any], params: Any) -> Any:
-        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+        if not Era.of(ctx.protocol_version).has("tasks/result"):
             raise MCPError(types.METHOD_NOT_FOUND, "Method not found", "tasks/result")  # inlined in tasks/get
         with self.tracking_call():
             return await self._task(ctx, "tasks/result")
@@ -430,7 +426,7 @@ class Frontend:
 
     async def _task(self, ctx: ServerRequestContext[Any], method: str) -> Any:
         params = ctx.params if isinstance(ctx.params, dict) else {}
-        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+        if Era.of(ctx.protocol_version).modern:
             if TASKS_EXTENSION not in (declared_capabilities(ctx).get("extensions") or {}):
                 raise MCPError(
                     types.MISSING_REQUIRED_CLIENT_CAPABILITY,
@@ -451,7 +447,7 @@ class Frontend:
         )
 
     async def _task_list(self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams) -> Any:
-        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+        if not Era.of(ctx.protocol_version).has("tasks/list"):
             raise MCPError(types.METHOD_NOT_FOUND, "Method not found", "tasks/list")
         listing = await self.tasks.listing(self.registry, self._owner(ctx), ctx.protocol_version)
         return page(listing["tasks"], params.cursor, "tasks", ctx.protocol_version)
@@ -466,7 +462,7 @@ class Frontend:
         upstream = self.registry.upstreams.get(entry.server)
         if upstream is None or upstream.state is not State.UP or not upstream.serving:
             return None
-        return None if upstream.protocol_version in MODERN_PROTOCOL_VERSIONS else upstream
+        return None if Era.of(upstream.protocol_version).modern else upstream
 
     def _visible_prompts(self, view: View) -> list[Json]:
         return [e.tool for e in self.registry.catalog.prompts.values() if view.sees(e.server)]
@@ -628,14 +624,14 @@ class Frontend:
             self.registry.metrics.count_request(ctx.method)
         legacy_session = (
             ctx.request.headers.get(SESSION_HEADER)
-            if ctx.request is not None and ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS
+            if ctx.request is not None and not Era.of(ctx.protocol_version).modern
             else None
         )
         meta = ctx.meta if isinstance(ctx.meta, dict) else None
         CONVERSATION.set(conversation_key(legacy_session, request_owner(ctx), meta))
         if ctx.method in ("initialize", "server/discover"):
             return self._narrowed(await call_next(ctx), request_view(ctx))
-        if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS and ctx.request is not None:
+        if not Era.of(ctx.protocol_version).modern and ctx.request is not None:
             session_id = ctx.request.headers.get(SESSION_HEADER)
             if session_id:
                 self.sessions.served(session_id, request_view(ctx).name, ctx.session)
@@ -660,7 +656,7 @@ class Frontend:
             requested = types.InitializeRequestParams.model_validate(params, by_name=False).protocol_version
         except ValidationError:
             return None
-        version = requested if requested in HANDSHAKE_PROTOCOL_VERSIONS else LATEST_HANDSHAKE_VERSION
+        version = handshake_version(requested)
         options = self.server.create_initialization_options()
         result = types.InitializeResult(
             protocol_version=version,

@@ -28,7 +28,6 @@ from mcp.shared.inbound import (
     find_duplicated_routing_header,
     validate_mcp_param_headers,
 )
-from mcp.types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -38,6 +37,7 @@ from gateway.conversations import CONVERSATION, conversation_key
 from gateway.downstream.gate import MESSAGE_KEY, owner_of, view_of
 from gateway.downstream.server import Frontend
 from gateway.downstream.sessions import asks_capabilities
+from gateway.era import CLIENT_CAPABILITIES_KEY, LOG_LEVEL_KEY, Era
 from gateway.exposure import OWN_TOOLS
 from gateway.jsonrpc import INTERNAL_ERROR, REQUEST_CANCELLED, encode
 from gateway.logs import get_logger
@@ -51,8 +51,6 @@ SERVED = frozenset(
 )
 CALL_PARAMS = frozenset({"name", "arguments", "_meta"})
 LIST_PARAMS = frozenset({"_meta"})
-LOG_LEVEL_KEY = "io.modelcontextprotocol/logLevel"
-CAPABILITIES_KEY = "io.modelcontextprotocol/clientCapabilities"
 MAX_REMEMBERED = 1024
 SPLIT_BODY = 256 * 1024  # a payload this large goes out in its own write
 WATCH_AFTER = 0.1  # seconds a call runs before its caller's connection is watched
@@ -139,13 +137,14 @@ class Shortcut:
                 return False
             await _respond(send, b"{}", request_id, 200, session_id)
             return True
-        if version in MODERN_PROTOCOL_VERSIONS:
+        era = Era.of(version)
+        if era.modern:
             if find_duplicated_routing_header(pairs) is not None:
                 return False  # a repeated routing header: the SDK names it
             if not isinstance(classify_inbound_request(message, headers=headers), InboundModernRoute):
                 return False
-            return await self._answer(scope, receive, send, method, request_id, params, headers, version, None)
-        if version in HANDSHAKE_PROTOCOL_VERSIONS and session_id is not None:
+            return await self._answer(scope, receive, send, method, request_id, params, headers, era.version, None)
+        if era.handshake and session_id is not None:
             sessions = self.frontend.sessions
             dormant = sessions.dormant(session_id)
             transport = None if dormant else sessions.transport(session_id)
@@ -153,7 +152,7 @@ class Shortcut:
                 return False
             with sessions.holding(transport):
                 return await self._answer(
-                    scope, receive, send, method, request_id, params, headers, version, session_id
+                    scope, receive, send, method, request_id, params, headers, era.version, session_id
                 )
         return False
 
@@ -169,7 +168,7 @@ class Shortcut:
     ) -> bool:
         """A 2025-era `initialize` of a client that cannot be asked anything: answered as the SDK would, the
         session kept as one small record until it needs the SDK (see `downstream.sessions`)."""
-        if session_id is not None or version in MODERN_PROTOCOL_VERSIONS or asks_capabilities(message):
+        if session_id is not None or Era.of(version).modern or asks_capabilities(message):
             return False
         sessions = self.frontend.sessions
         limit = self.frontend.server.session_manager.max_sessions
@@ -320,7 +319,7 @@ class Shortcut:
     async def _cancel(self, message: Json, version: str | None, session_id: str | None, send: Send) -> bool:
         """A 2025-era `notifications/cancelled` for a call this lane is serving: cancel it, answer 202."""
         params = message.get("params")
-        if session_id is None or version not in HANDSHAKE_PROTOCOL_VERSIONS or not isinstance(params, dict):
+        if session_id is None or not Era.of(version).handshake or not isinstance(params, dict):
             return False
         call_scope = self._legacy_calls.get((session_id, params.get("requestId")))
         sessions = self.frontend.sessions
@@ -340,7 +339,7 @@ def _talks(meta: Json | None) -> bool:
     extensions (a task, say) whose answers the SDK path shapes."""
     if not meta:
         return False
-    capabilities = meta.get(CAPABILITIES_KEY)
+    capabilities = meta.get(CLIENT_CAPABILITIES_KEY)
     asks = isinstance(capabilities, dict) and any(k in capabilities for k in (*ASKING, "extensions"))
     return asks or LOG_LEVEL_KEY in meta
 

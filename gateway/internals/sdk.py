@@ -41,7 +41,6 @@ from mcp.client.session import _later_revision_fields
 from mcp.server.streamable_http import StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.shared.inbound import MCP_NAME_HEADER, encode_header_value
-from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.types import Message, Receive, Scope
 
 from gateway.upstream.errors import AnswerLost, ChannelError, HttpStatus, SessionExpired
@@ -87,22 +86,19 @@ def stamp(session: ClientSession, message: Json) -> dict[str, str]:
     return headers
 
 
-CLIENT_CAPABILITIES_KEY = "io.modelcontextprotocol/clientCapabilities"
 CALLER_CAPABILITIES: ContextVar[Json | None] = ContextVar("manifold_caller_capabilities", default=None)
 
 
 def caller_capabilities(session: ClientSession) -> None:
-    """Once `session` has connected: on the 2026 wire, requests sent while `CALLER_CAPABILITIES` is set
-    declare those capabilities instead of the session's own (the upstream learns what the caller can answer)."""
-    if session.protocol_version not in MODERN_PROTOCOL_VERSIONS:
-        return
+    """Once a 2026-era `session` has connected: requests sent while `CALLER_CAPABILITIES` is set declare those
+    capabilities instead of the session's own (the upstream learns what the caller can answer)."""
     adopted: Callable[[Json, Any], None] = session._stamp
 
     def stamp(data: Json, options: Any) -> None:
         adopted(data, options)
         capabilities = CALLER_CAPABILITIES.get()
         if capabilities is not None:
-            data["params"]["_meta"][CLIENT_CAPABILITIES_KEY] = capabilities
+            data["params"]["_meta"][types.CLIENT_CAPABILITIES_META_KEY] = capabilities
 
     session._stamp = stamp
 

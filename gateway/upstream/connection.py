@@ -28,7 +28,6 @@ from mcp.client.subscriptions import ListenNotSupportedError, SubscriptionLost, 
 from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.message import SessionMessage
 from mcp.shared.subscriptions import ResourceUpdated
-from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 
 from gateway import __version__
 from gateway.backoff import Backoff
@@ -41,6 +40,7 @@ from gateway.egress import (
     pinned_client_factory,
     pinned_transport,
 )
+from gateway.era import Era
 from gateway.internals.sdk import caller_capabilities, negotiate
 from gateway.logs import get_logger, traceback_text
 from gateway.metrics import Metrics
@@ -249,11 +249,12 @@ class Upstream:
                 if self.spec.protocol == "auto":
                     # half the startup time for the probe leaves the other half for the handshake after it
                     await negotiate(session, self.spec.startup_timeout / 2)
-                elif self.spec.protocol in MODERN_PROTOCOL_VERSIONS:
+                elif Era.of(self.spec.protocol).modern:
                     await session.discover()
                 else:
                     await session.initialize()
-                caller_capabilities(session)
+                if Era.of(session.protocol_version).modern:
+                    caller_capabilities(session)
                 offers = await self._list(session)
                 self._report_listings(offers)
                 startup.deadline = math.inf
@@ -272,7 +273,7 @@ class Upstream:
         async with anyio.create_task_group() as tg:
             self._tasks = tg
             tg.start_soon(self._refresher, session)
-            if session.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            if Era.of(session.protocol_version).modern:
                 tg.start_soon(self._listen, session)
             if self.spec.refresh_interval:
                 tg.start_soon(self._poll, self.spec.refresh_interval)
@@ -409,7 +410,7 @@ class Upstream:
             self.subscriptions.add(uri)
         else:
             self.subscriptions.discard(uri)
-        if session.protocol_version in MODERN_PROTOCOL_VERSIONS:
+        if Era.of(session.protocol_version).modern:
             if self._listen_scope is not None:
                 self._listen_scope.cancel()  # listen again, with the new set of resources
             return
@@ -533,7 +534,7 @@ class Upstream:
     def cancels_by_notice(self) -> bool:
         """Whether a call is cancelled with `notifications/cancelled` (stdio, and 2025-era HTTP servers);
         on the 2026 HTTP wire, dropping the request's connection is the cancel."""
-        return self._direct is not None or self.protocol_version not in MODERN_PROTOCOL_VERSIONS
+        return self._direct is not None or not Era.of(self.protocol_version).modern
 
     @property
     def serving(self) -> bool:

@@ -19,10 +19,10 @@ import anyio
 import mcp.types as types
 from mcp import ClientSession, MCPError
 from mcp.shared.dispatcher import ProgressFnT
-from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
-from gateway.internals.sdk import channel_error, later_revision_fields, send_unchecked, stamp
+from gateway.era import LATEST_HANDSHAKE, Era
+from gateway.internals.sdk import channel_error, send_unchecked, stamp
 from gateway.upstream.errors import (
     AnswerLost,
     BadAnswer,
@@ -282,7 +282,7 @@ class Invoker:
                 transient=False,
             )
         assert isinstance(result, dict)
-        foreign = later_revision_fields("tools/call", self._up.protocol_version or "2025-11-25")
+        foreign = Era.of(self._up.protocol_version or LATEST_HANDSHAKE).later_fields("tools/call")
         if not foreign.isdisjoint(result):
             result = {k: v for k, v in result.items() if k not in foreign}
         return result
@@ -319,7 +319,7 @@ class Invoker:
                 f"server '{up.name}' is unavailable: no access token: {failure}", outcome="unavailable", transient=False
             )
         if isinstance(failure, HttpStatus):
-            if up.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+            if not Era.of(up.protocol_version).modern:
                 # Session servers that forgot the session (a restart) often answer 400, not 404: start afresh.
                 up.reconnect()
             return unavailable(up.name, "it answered with an HTTP error status")

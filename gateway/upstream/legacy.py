@@ -16,15 +16,14 @@ from typing import Any
 
 import anyio
 import anyio.abc
-from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 
+from gateway.era import LATEST_HANDSHAKE, Era
 from gateway.logs import get_logger
 from gateway.upstream.asks import ASKING, declared
 from gateway.upstream.connection import Upstream
 from gateway.upstream.errors import State
 
 log = get_logger("upstream")
-LEGACY_PROTOCOL = "2025-11-25"
 
 
 def wants_legacy(shared: Upstream, caller_version: str, capabilities: Mapping[str, Any]) -> bool:
@@ -32,9 +31,9 @@ def wants_legacy(shared: Upstream, caller_version: str, capabilities: Mapping[st
     caller can answer something the server may ask, and the server (one of the gateway's own, not one a
     conversation handed over) is reached over HTTP, left to negotiate (`protocol: auto`), and spoke 2026."""
     return (
-        caller_version not in MODERN_PROTOCOL_VERSIONS
+        not Era.of(caller_version).modern
         and any(k in declared(shared.spec, dict(capabilities)) for k in ASKING)
-        and shared.protocol_version in MODERN_PROTOCOL_VERSIONS
+        and Era.of(shared.protocol_version).modern
         and shared.spec.protocol == "auto"
         and shared.spec.kind == "http"
         and shared.spec.isolation != "conversation"
@@ -97,7 +96,7 @@ class LegacySessions:
         assert self._tg is not None
         self._starting[name] = started = anyio.Event()
         try:
-            legacy = shared.sibling(spec.model_copy(update={"protocol": LEGACY_PROTOCOL}))
+            legacy = shared.sibling(spec.model_copy(update={"protocol": LATEST_HANDSHAKE}))
             scope = anyio.CancelScope()
             self._tg.start_soon(_own, legacy, scope)
             with anyio.move_on_after(spec.startup_timeout + 1):

@@ -8,8 +8,9 @@ import pytest
 from mcp import MCPError
 
 from gateway.access import View
-from gateway.calls import SERVER_INFO, SERVER_INFO_KEY, Draining, admit, shape_result
+from gateway.calls import SERVER_INFO, Draining, admit, shape_result
 from gateway.config import parse_server
+from gateway.era import SERVER_INFO_KEY
 from gateway.internals.sdk import channel_error
 from gateway.registry import Registry
 from gateway.upstream.connection import Upstream
@@ -79,6 +80,11 @@ def test_a_legacy_result_loses_what_later_revisions_define() -> None:
     shaped = shape_result(raw, _entry(), LEGACY)
     assert "resultType" not in shaped and "requestState" not in shaped
     assert shaped["_meta"] == {"manifold/server": "fx", "manifold/trust": "outside"}
+
+
+def test_a_legacy_result_loses_the_cache_hints_only_the_modern_era_defines() -> None:
+    shaped = shape_result({"content": [], "ttlMs": 5000, "cacheScope": "public"}, _entry(), LEGACY)
+    assert "ttlMs" not in shaped and "cacheScope" not in shaped
 
 
 def test_input_required_cannot_reach_a_legacy_caller() -> None:
