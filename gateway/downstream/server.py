@@ -4,6 +4,7 @@ every call the shortcut does not take."""
 from __future__ import annotations
 
 import secrets
+import warnings
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -11,7 +12,7 @@ from typing import Any
 
 import anyio
 import mcp.types as types
-from mcp import MCPError
+from mcp import MCPDeprecationWarning, MCPError
 from mcp.server import NotificationOptions, Server, ServerRequestContext
 from mcp.server.caching import CacheHint
 from mcp.server.context import CallNext, HandlerResult
@@ -194,31 +195,35 @@ class Frontend:
         self.handover = HandOver(registry, EgressPolicy.from_allow(()), HandoverSettings())
         self.calls_in_flight = 0
         self._calls_done = anyio.Event()
-        self.server = ManifoldServer(
-            SERVER_INFO["name"],
-            version=SERVER_INFO["version"],
-            instructions="Tools of several MCP servers, each named <server>__<tool>.",
-            on_list_tools=self._list_tools,
-            on_call_tool=self._call_tool,
-            on_subscriptions_listen=self._listen,
-            on_list_prompts=self._list_prompts,
-            on_get_prompt=self._get_prompt,
-            on_list_resources=self._list_resources,
-            on_list_resource_templates=self._list_templates,
-            on_read_resource=self._read_resource,
-            on_subscribe_resource=self._subscribe,
-            on_unsubscribe_resource=self._unsubscribe,
-            on_completion=self._complete,
-            on_set_logging_level=self._set_level,
-            get_tool_input_schema=self._input_schema,
-            cache_hints={
-                "tools/list": LISTING_CACHE,
-                "prompts/list": FRESH,
-                "resources/list": FRESH,
-                "resources/templates/list": FRESH,
-                "resources/read": FRESH,
-            },
-        )
+        # The gateway serves logging on purpose (2025-era clients set a level and get their servers' log
+        # messages), so the SDK's notice that 2026-07-28 deprecates it is not for the operator's console.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "The logging capability is deprecated", MCPDeprecationWarning)
+            self.server = ManifoldServer(
+                SERVER_INFO["name"],
+                version=SERVER_INFO["version"],
+                instructions="Tools of several MCP servers, each named <server>__<tool>.",
+                on_list_tools=self._list_tools,
+                on_call_tool=self._call_tool,
+                on_subscriptions_listen=self._listen,
+                on_list_prompts=self._list_prompts,
+                on_get_prompt=self._get_prompt,
+                on_list_resources=self._list_resources,
+                on_list_resource_templates=self._list_templates,
+                on_read_resource=self._read_resource,
+                on_subscribe_resource=self._subscribe,
+                on_unsubscribe_resource=self._unsubscribe,
+                on_completion=self._complete,
+                on_set_logging_level=self._set_level,
+                get_tool_input_schema=self._input_schema,
+                cache_hints={
+                    "tools/list": LISTING_CACHE,
+                    "prompts/list": FRESH,
+                    "resources/list": FRESH,
+                    "resources/templates/list": FRESH,
+                    "resources/read": FRESH,
+                },
+            )
         self.server.offered = set()
         self.server.add_request_handler("tasks/get", types.GetTaskRequestParams, self._task_get)
         self.server.add_request_handler("tasks/result", types.GetTaskPayloadRequestParams, self._task_result)

@@ -1,4 +1,4 @@
-"""The one owner of downstream 2025-era session state.
+"""What the gateway records of each downstream 2025-era session (the SDK's transport holds the rest).
 
 A session is opened by the SDK's transport (on `initialize`), or by the shortcut, which keeps a session
 that only lists and calls tools as one small record here (dormant) and hands it to the SDK, replaying its

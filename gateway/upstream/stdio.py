@@ -1,8 +1,9 @@
 """stdio upstreams: one process group per server, its pipes, and the lean request channel that shares them.
 
-Unlike the SDK's `stdio_client`, the whole process group is terminated on every stop (SIGTERM,
-then SIGKILL after a grace period), including grandchildren (npx, shells) of a server that already
-exited, and the server's stderr goes to the structured log line by line, rate-limited.
+As the SDK's `stdio_client` does, the whole process group is terminated on every stop (SIGTERM, then
+SIGKILL after a grace period), including grandchildren (npx, shells) of a server that already exited. This
+module runs the process itself for what the SDK's client does not do: the server's stderr goes to the
+structured log line by line, rate-limited, and the lean channel below shares the server's pipes.
 
 Calls go over `DirectChannel`: the request is written straight to the server's stdin and its answer
 (and progress) is taken off stdout before the SDK's session would parse it, so the hot path pays for

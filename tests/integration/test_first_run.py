@@ -11,10 +11,13 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import httpx2
 import yaml
 
+from tests.fixtures.servers import free_port
 from tests.integration.conftest import ROOT, write_config
 
 VENV_BIN = Path(sys.executable).parent
@@ -52,3 +55,32 @@ def test_manifold_tools_lists_the_example_time_server_without_the_venv_on_path(t
     assert {r["name"] for r in rows} >= {"time__get_current_time", "time__convert_time"}, rows
     assert {r["server"] for r in rows} == {"time"}
     assert "warning" not in result.stderr, result.stderr
+
+
+def test_serve_starts_without_a_warning_from_the_sdk(tmp_path: Path) -> None:
+    # The gateway serves the logging capability on purpose, for 2025-era clients: the SDK's notice that
+    # 2026-07-28 deprecates it must not reach a new user's terminal.
+    config = write_config(tmp_path, {"servers": {}})
+    port = free_port()
+    proc = subprocess.Popen(
+        [str(VENV_BIN / "manifold"), "serve", "--config", str(config), "--port", str(port)],
+        cwd=ROOT,
+        env=_newcomer_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    healthy = False
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if healthy := httpx2.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx2.HTTPError:
+                time.sleep(0.1)
+    finally:
+        proc.terminate()
+        output, _ = proc.communicate(timeout=20)
+    assert healthy, output
+    assert "Warning" not in output, output
