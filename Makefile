@@ -4,7 +4,7 @@ PYTHON ?= python3
 BIN := $(CURDIR)/$(VENV)/bin
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup system-deps run test lint unit bench clean corpus
+.PHONY: setup system-deps run test test-all lint unit bench clean corpus
 
 $(VENV)/.installed: pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
@@ -60,10 +60,29 @@ unit: setup
 SDK_PATH_TESTS = tests/integration/test_gateway.py tests/integration/test_resilience.py tests/integration/test_security.py \
   tests/integration/test_oauth.py tests/integration/test_conformance.py tests/integration/test_reference_server.py
 
-test: setup system-deps tests/thirdparty/node_modules/.installed tests/thirdparty/reference-server/node_modules/.installed corpus lint  ## set up and run every check and test
-	$(BIN)/pytest -q
-	@echo "the same conformance tests with the fast path off (every request through the SDK's stacks):"
-	MANIFOLD_FAST_PATH=false $(BIN)/pytest -q $(SDK_PATH_TESTS)
+# pytest-xdist, one file to a worker (a file's tests share its module-scoped gateways). The tests mostly wait on
+# subprocesses, but those subprocesses need the CPU: two workers for the whole suite and, alongside them, one for
+# the SDK-path run keep 2 cores busy; more workers than that starve the tests that measure latency or time.
+PYTEST_WORKERS ?= 2
+SDK_PATH_WORKERS ?= 1
+# `slow` tests (soaks, the fixtures' own conformance runs) are left out of `make test`; `make test-all` runs them.
+PYTEST_MARKS ?= -m "not slow"
+
+test: setup system-deps tests/thirdparty/node_modules/.installed tests/thirdparty/reference-server/node_modules/.installed corpus lint  ## set up and run every check and test but the slow ones
+	@sdk_log=$$(mktemp); \
+	MANIFOLD_FAST_PATH=false $(BIN)/pytest -q -n $(SDK_PATH_WORKERS) --dist loadfile $(PYTEST_MARKS) $(SDK_PATH_TESTS) \
+	  >$$sdk_log 2>&1 & sdk=$$!; \
+	trap 'kill $$sdk 2>/dev/null || true; rm -f $$sdk_log' EXIT; \
+	echo 'pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_MARKS) (the SDK-path run goes on alongside)'; \
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_MARKS); main=$$?; \
+	wait $$sdk; sdk_rc=$$?; \
+	echo "the same conformance tests with the fast path off (every request through the SDK's stacks):"; \
+	echo 'MANIFOLD_FAST_PATH=false pytest -q -n $(SDK_PATH_WORKERS) --dist loadfile $(PYTEST_MARKS) $(SDK_PATH_TESTS)'; \
+	cat $$sdk_log; \
+	[ $$main -eq 0 ] && [ $$sdk_rc -eq 0 ]
+
+test-all:  ## make test with the slow tests too
+	$(MAKE) --no-print-directory test PYTEST_MARKS=
 
 bench: setup  ## run the benchmark (about 14 min on 2 cores); results in bench/results/latest.md and latest.json
 	$(BIN)/python -m bench $(BENCH_ARGS)

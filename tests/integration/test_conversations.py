@@ -155,6 +155,7 @@ async def test_the_gateway_wide_limit_holds_across_servers(tmp_path: Path) -> No
             assert busy.is_error is True and "limit of 1 conversation connections over all servers" in text(busy)
 
 
+@pytest.mark.slow  # a soak (`make test-all`); the tests above hold each conversation's process to the same rules
 async def test_a_thousand_conversations_leave_no_process_behind(tmp_path: Path) -> None:
     """1,000 2025 sessions, 8 at a time, each starting its own process (a small stdlib-only server, so the
     test measures the gateway, not Python's start-up), using it, and closing."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx2
@@ -12,7 +13,7 @@ import pytest
 from mcp import MCPError
 
 from tests.fixtures.servers import run_http_fixture, stdio_spec
-from tests.integration.conftest import ERAS, THIRDPARTY, connect, initialize_body, run_gateway
+from tests.integration.conftest import ERAS, THIRDPARTY, Gateway, connect, initialize_body, run_gateway
 
 pytestmark = pytest.mark.anyio
 
@@ -25,14 +26,16 @@ def long_public_name(prefix: str) -> str:
     return base[:55] + "_" + hashlib.sha256(f"{prefix}/{LONG}".encode()).hexdigest()[:8]
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def http_fixture():
     with run_http_fixture(name="web") as fx:
         yield fx
 
 
-@pytest.fixture
-def core_gateway(tmp_path: Path, http_fixture):
+@pytest.fixture(scope="module")
+def core_gateway(tmp_path_factory: pytest.TempPathFactory, http_fixture):
+    """One gateway for the tests that only list and call (none changes what it serves)."""
+    tmp_path = tmp_path_factory.mktemp("core")
     config = {
         "servers": {
             "fx": stdio_spec(),
@@ -208,6 +211,12 @@ async def test_npm_servers_behind_the_gateway(tmp_path: Path, era: str) -> None:
     assert tools["memory__create_entities"]["_meta"]["manifold/gated"] is True
 
 
+@pytest.fixture(scope="module")
+def empty_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    with run_gateway(tmp_path_factory.mktemp("hosts"), {"servers": {}, "allowed_hosts": ["manifold:*"]}) as gw:
+        yield gw
+
+
 @pytest.mark.parametrize(
     ("headers", "status"),
     [
@@ -216,12 +225,10 @@ async def test_npm_servers_behind_the_gateway(tmp_path: Path, era: str) -> None:
         ({"Host": "manifold:8080"}, 200),
     ],
 )
-def test_host_and_origin_checks(tmp_path: Path, headers: dict[str, str], status: int) -> None:
-    with run_gateway(tmp_path, {"servers": {}, "allowed_hosts": ["manifold:*"]}) as gw:
-        body = initialize_body()
-        response = httpx2.post(
-            gw.url,
-            json=body,
-            headers={"Accept": "application/json, text/event-stream", **headers},
-        )
+def test_host_and_origin_checks(empty_gateway: Gateway, headers: dict[str, str], status: int) -> None:
+    response = httpx2.post(
+        empty_gateway.url,
+        json=initialize_body(),
+        headers={"Accept": "application/json, text/event-stream", **headers},
+    )
     assert response.status_code == status

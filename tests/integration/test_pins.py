@@ -275,6 +275,10 @@ async def test_pins_stored_by_an_earlier_version_hold_only_what_changed_and_are_
     with run_gateway(tmp_path, cfg, env=ENV) as gw:
         async with connect(gw.url, "2026-07-28") as client:
             await client.wait_for(lambda n: "fx__beta" in n)
+        await wait_until(
+            lambda: any(e.get("event") == "first listing pinned" for e in gw.log_events()),
+            what="the first listing stored before the gateway stops",
+        )
     # What the earlier version stored; for `echo`, as it was before a change the upgrade must not swallow.
     store = SqliteStore(str(db))
     await store.start()

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -84,8 +85,9 @@ async def test_read_only_call_is_retried_after_a_drop_and_others_are_not(tmp_pat
             _first, second = upstream_pids(gw, "fx")
             assert retried.content[0].text == f"slept in {second}"
             assert results["fx__slow"].is_error is True
-        retries = [e for e in gw.log_events() if e.get("event") == "retrying call"]
-        assert [e["tool"] for e in retries] == ["fx__slow_read"]
+        retried_tools = [e["tool"] for e in gw.log_events() if e.get("event") == "retrying call"]
+        # Once, or twice when a busy machine is slow to notice the process died (the default retry.attempts: 3).
+        assert retried_tools in (["fx__slow_read"], ["fx__slow_read", "fx__slow_read"]), retried_tools
 
 
 async def test_hung_upstream_times_out_is_cancelled_and_does_not_slow_others(tmp_path: Path) -> None:
@@ -261,7 +263,7 @@ async def _wait_call_ok(client) -> None:
 
 
 def test_shutdown_drains_calls_and_leaves_no_process_behind(tmp_path: Path) -> None:
-    marker = f"{4000 + os.getpid() % 1000}.5"
+    marker = f"{4000 + os.getpid() % 1000}.{uuid.uuid4().int % 10**6:06d}5"  # unique to this run, for `sleep`
     spawner = {
         "command": "sh",
         "args": ["-c", f"sleep {marker} & exec {stdio_spec()['command']} {' '.join(stdio_spec()['args'])}"],

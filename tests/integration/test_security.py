@@ -177,11 +177,23 @@ async def test_client_credentials_are_never_forwarded(tmp_path: Path) -> None:
         assert received.get("authorization") is None
 
 
+def no_sessions(base: str, timeout: float = 15) -> None:
+    """Wait until the gateway counts no open 2025-era session (an idle one ends `session_idle_timeout` after use)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        body = httpx2.get(f"{base}/metrics", headers=bearer(GAMMA), timeout=5).text
+        if "manifold_downstream_sessions 0.0" in body.splitlines():
+            return
+        assert time.monotonic() < deadline, "the idle sessions never expired"
+        time.sleep(0.1)
+
+
 async def test_limits(tmp_path: Path) -> None:
     config = {
         "auth": {
             "tokens": [
-                {"name": "slow", "token": "${T_ALPHA}", "rate": 2, "burst": 3},
+                # One token back every 5 s: the burst is spent however slowly a busy machine sends the requests.
+                {"name": "slow", "token": "${T_ALPHA}", "rate": 0.2, "burst": 3},
                 {"name": "free", "token": "${T_GAMMA}"},
             ]
         },
@@ -208,11 +220,11 @@ async def test_limits(tmp_path: Path) -> None:
         assert limited.status_code == 429 and int(limited.headers["retry-after"]) >= 1
         assert post(gw.url, initialize_body(), bearer(GAMMA)).status_code == 503, "the 4th session is over the cap"
 
-        time.sleep(3)  # idle sessions expire and free their slots
+        no_sessions(gw.base)  # idle sessions expire and free their slots
         opened = post(gw.url, initialize_body(), bearer(GAMMA))
         assert opened.status_code == 200
         session = opened.headers["mcp-session-id"]
-        time.sleep(3)
+        no_sessions(gw.base)  # this one expires too: nothing touches it
         expired = post(
             gw.url,
             {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
