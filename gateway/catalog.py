@@ -153,20 +153,20 @@ def name_group(base: str, owners: list[tuple[ToolSet, Json]]) -> tuple[list[Name
     return [(with_hash(base, ts.server, t["name"]), ts, t) for ts, t in owners], [collision]
 
 
-def entry_for(name: str, ts: ToolSet, tool: Json, kind: str) -> Entry:
-    """A catalog entry: the tool (or prompt) labelled and published under its final name."""
+def entry_for(name: str, claimed: str, ts: ToolSet, tool: Json, kind: str) -> Entry:
+    """A catalog entry: the tool (or prompt) that claimed the public name `claimed`, labelled and published
+    under its final name."""
     if kind == "tools":
         labels = labels_for(_annotations(tool), trusted=ts.trusted, gated=ts.gated)
     else:
         labels = labels_for({"readOnlyHint": True}, trusted=ts.trusted, gated=False)
-    base = public_name(ts.prefix, ts.server, str(tool.get(RENAMED, tool["name"])))
     return Entry(
         name,
         ts.server,
         tool["name"],
         labels,
         publish(tool, name, ts.server, labels, kind),
-        "" if base == name else base,
+        "" if claimed == name else claimed,
     )
 
 
@@ -196,11 +196,11 @@ class Names:
 
     def replace(self, sets: Mapping[str, ToolSet], server: str) -> tuple[dict[str, Entry], dict[str, Entry]]:
         """Take in `server`'s current set in `sets` (or its absence); the entries that went and came, by name."""
+        if self._second:
+            return self.rebuild(sets)
         new = sets.get(server)
         claimed = claims(new, self.kind) if new is not None else []
         affected = self._claimed.pop(server, set()) | {name for name, _ in claimed}
-        if self._second:
-            return self.rebuild(sets)
         for name in affected:
             owners = [o for o in self._claims.get(name, ()) if o[0].server != server]
             if owners:
@@ -261,7 +261,7 @@ class Names:
         return gone, self.entries
 
     def _add(self, final: str, name: str, ts: ToolSet, tool: Json) -> Entry:
-        entry = entry_for(final, ts, tool, self.kind)
+        entry = entry_for(final, name, ts, tool, self.kind)
         self.entries[final] = entry
         self.by_server[ts.server].add(final)
         self._finals.setdefault(name, []).append(final)
@@ -409,13 +409,11 @@ class Catalog:
         return None
 
     def _take(self, server: str, before: ToolSet | None, after: ToolSet | None) -> bool:
-        was_held = set(self._held)
         gone, came = self._tools.replace(self._sets, server)
-        for name in gone:
-            self._held.discard(name)
+        served_before = {n: e.tool for n, e in gone.items() if n not in self._held}
+        self._held.difference_update(gone)
         for entry in came.values():
             self._judge(entry)
-        served_before = {n: e.tool for n, e in gone.items() if n not in was_held}
         served_after = {n: e.tool for n, e in came.items() if n not in self._held}
         changed = served_before != served_after
         prompts_gone, prompts_came = self._prompts.replace(self._sets, server)
@@ -424,9 +422,10 @@ class Catalog:
             resources, templates, self.clashes = _locate(self._sets.values())
             changed |= (resources, templates) != (self.resources, self.templates)
             self.resources, self.templates = resources, templates
-        self._views.clear()  # names, holds or collisions may have moved even when the listing did not
         if changed:
             self._changed(frozenset(gone) | frozenset(came))
+        else:
+            self._views.clear()  # names, holds or collisions may have moved even when the listing did not
         return changed
 
     def _judge(self, entry: Entry) -> bool:
