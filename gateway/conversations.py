@@ -20,7 +20,6 @@ import hashlib
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,8 +37,6 @@ from gateway.upstream.errors import CallFailed, State
 
 log = get_logger("conversations")
 CONVERSATION_META = "manifold/conversation"
-# The conversation of the request being served, set by the downstream paths.
-CONVERSATION: ContextVar[str | None] = ContextVar("manifold_conversation", default=None)
 REAP_EVERY = 0.5
 # `${MANIFOLD_CONVERSATION}` in a conversation-isolated server's options names its conversation (a digest: the
 # session id itself is a credential), e.g. a per-conversation data file; the shared listing instance sees it unset.
@@ -121,6 +118,8 @@ class Conversations:
         for key, instance in list(self._instances.items()):
             if not self.alive(key[1]):
                 self._close(key, "session_end")
+            elif key in self._starting:
+                continue  # idle only from its first use on: a slow start is no idleness
             elif not instance.busy and now - instance.used > instance.upstream.spec.idle_timeout:
                 self._close(key, "idle")
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -182,6 +182,8 @@ class Metrics:
         for reason in ("header_too_large", "header_timeout", "body_timeout", "connections"):
             self.http_refusals.labels(reason)
         self._children: dict[tuple[str, ...], Any] = {}  # labelled series, looked up once each
+        # Told of each tool call recorded (server, tool, outcome, seconds or None, who); must return at once.
+        self.on_call: Callable[[str, str, str, float | None, str], None] | None = None
         self._servers: set[str] = set()
         self._degraded: set[tuple[str, str]] = set()
         # Every metric with a `server` label, and its label names in order.
@@ -234,15 +236,18 @@ class Metrics:
         self._child(self.downstream_requests, "requests", label).inc()
 
     def record_call(
-        self, server: str, tool: str, outcome: str, seconds: float | None = None, endpoint: str = ""
+        self, server: str, tool: str, outcome: str, seconds: float | None = None, endpoint: str = "", who: str = ""
     ) -> None:
         """Count one tool call by outcome and endpoint, and time it when `seconds` is given (not for a removed
-        server, whose series are gone: a call that ends after its server was removed must not bring them back)."""
+        server, whose series are gone: a call that ends after its server was removed must not bring them back);
+        `who` (the caller's view) is told to `on_call` only, never a label."""
         if server not in self._servers:
             return
         self._child(self.tool_calls, "calls", server, tool, outcome, endpoint).inc()
         if seconds is not None:
             self._child(self.call_duration, "duration", server).observe(seconds)
+        if self.on_call is not None:
+            self.on_call(server, tool, outcome, seconds, who)
 
     def count_retry(self, server: str) -> None:
         """Count one retried call attempt (not for a removed server)."""

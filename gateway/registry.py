@@ -13,7 +13,7 @@ from gateway.admin.store import Store, StoreError
 from gateway.admin.store.memory import MemoryStore
 from gateway.catalog import Catalog, Collision, Json, ToolSet
 from gateway.config import PinMode, ServerSpec
-from gateway.conversations import CONVERSATION, Conversations
+from gateway.conversations import Conversations
 from gateway.egress import EgressPolicy
 from gateway.logs import get_logger
 from gateway.metrics import Metrics
@@ -238,12 +238,17 @@ class Registry:
 
     @asynccontextmanager
     async def connection(
-        self, upstream: Upstream, version: str, capabilities: Mapping[str, Any] | None, tool: str | None = None
+        self,
+        upstream: Upstream,
+        version: str,
+        capabilities: Mapping[str, Any] | None,
+        tool: str | None = None,
+        conversation: str | None = None,
     ) -> AsyncIterator[Upstream]:
-        """The connection a request to `upstream`'s server takes: the conversation's own (`isolation:
+        """The connection a request to `upstream`'s server takes: `conversation`'s own (`isolation:
         conversation`), a 2025-era session beside a 2026 one for a 2025-era caller with these `capabilities`
         (None: no caller to ask; see `gateway.upstream.legacy`), or the server's shared connection."""
-        if upstream.spec.isolation == "conversation" and (conversation := CONVERSATION.get()) is not None:
+        if upstream.spec.isolation == "conversation" and conversation is not None:
             async with self.conversations.using(upstream, conversation) as own:
                 yield own
             return

@@ -12,14 +12,15 @@ parameters unchanged, and every task in an answer is shown under the caller's id
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import mcp.types as types
 from mcp import MCPError
 
-from gateway.surface import forward
-from gateway.upstream.asks import Caller
+from gateway.calls import Draining
+from gateway.relay.context import CallContext
+from gateway.relay.forward import forward
 
 if TYPE_CHECKING:
     from gateway.registry import Registry
@@ -83,8 +84,7 @@ class Tasks:
         method: str,
         params: Json,
         owner: str,
-        caller: Caller,
-        version: str,
+        call: CallContext,
         *,
         draining: bool,
     ) -> Json:
@@ -94,18 +94,21 @@ class Tasks:
         if not isinstance(public, str):
             raise MCPError(types.INVALID_PARAMS, f"{method} needs a `taskId`")
         ref = self.resolve(public, owner)
+        if draining:
+            raise Draining()
         forwarded = {**{k: v for k, v in params.items() if k != "_meta"}, "taskId": ref.upstream_id}
-        result = await forward(registry, ref.server, method, forwarded, version, caller, draining=draining)
+        result = await forward(registry, call, ref.server, method, forwarded)
         if method == "tasks/result":
             return result
         return self.publish(result, ref.server, owner)
 
-    async def listing(self, registry: Registry, owner: str, version: str) -> Json:
+    async def listing(self, registry: Registry, owner: str, call: CallContext) -> Json:
         """`tasks/list`: the caller's tasks, each as its server reports it now (one its server forgot is left out)."""
         tasks = []
+        quiet = replace(call, caller=None, progress=None)
         for public, ref in self.owned(owner):
             try:
-                state = await forward(registry, ref.server, "tasks/get", {"taskId": ref.upstream_id}, version)
+                state = await forward(registry, quiet, ref.server, "tasks/get", {"taskId": ref.upstream_id})
             except MCPError:
                 continue
             task = {k: v for k, v in state.items() if k not in ("_meta", "resultType")}

@@ -7,8 +7,8 @@ from typing import Any
 
 from mcp.server.caching import CacheHint
 
+from gateway import SERVER_INFO
 from gateway.access import OPEN_VIEW, View
-from gateway.calls import SERVER_INFO
 from gateway.catalog import Catalog, Entry
 from gateway.era import Era
 from gateway.exposure import CALL_DEFINITION, SEARCH_DEFINITION
@@ -83,3 +83,22 @@ class Listings:
             self._version = self.catalog.version
             self._results, self._bodies = {}, {}
         return (version, view.name)
+
+
+def visible_prompts(catalog: Catalog, view: View) -> list[Json]:
+    """The prompts a view sees."""
+    return [e.tool for e in catalog.prompts.values() if view.sees(e.server)]
+
+
+def visible_resources(catalog: Catalog, view: View, kind: str) -> list[Json]:
+    """Resources (`kind` "resources") or templates the view sees, one per URI (the one reads go to), in routing
+    order."""
+    located = catalog.resources if kind == "resources" else catalog.templates
+    key = "uri" if kind == "resources" else "uriTemplate"
+    seen: set[str] = set()
+    items = []
+    for entry in located:
+        if view.sees(entry.server) and entry.item[key] not in seen:
+            seen.add(entry.item[key])
+            items.append(entry.item)
+    return items

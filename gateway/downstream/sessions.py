@@ -24,7 +24,7 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from starlette.types import Scope
 
 from gateway.internals.sdk import adopt_session, holding, serving_transport, session_transports
-from gateway.upstream.asks import ASKING
+from gateway.relay.asks import asks_through
 
 
 def asks_capabilities(message: Any) -> bool:
@@ -33,7 +33,7 @@ def asks_capabilities(message: Any) -> bool:
         return False
     params = message.get("params")
     capabilities = params.get("capabilities") if isinstance(params, dict) else None
-    return isinstance(capabilities, dict) and any(capabilities.get(k) is not None for k in ASKING)
+    return isinstance(capabilities, dict) and asks_through(capabilities)
 
 
 @dataclass

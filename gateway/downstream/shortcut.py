@@ -6,9 +6,9 @@ are few in kind and plain in shape, so this ASGI layer answers exactly those who
 field it understands, as one `application/json` body, and hands everything else to the SDK untouched:
 handshakes, listen streams, progress, confirmations, cursors and malformed envelopes.
 
-It holds no policy of its own: admission, forwarding and result shaping are `gateway.calls`', the
-listing is `downstream.listing`'s, sessions are `downstream.sessions`'. It differs from the SDK path
-only in plumbing.
+Which requests it may take is its own rule (`_answer`'s checks: anything it cannot serve exactly as the
+SDK path would goes there); admission is `gateway.calls`', forwarding and result shaping `relay.forward`'s,
+the listing `downstream.listing`'s, sessions `downstream.sessions`'.
 """
 
 from __future__ import annotations
@@ -31,17 +31,18 @@ from mcp.shared.inbound import (
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.calls import admit, forward_call, forwardable_meta
+from gateway.calls import admit
 from gateway.catalog import Entry
-from gateway.conversations import CONVERSATION, conversation_key
+from gateway.conversations import conversation_key
 from gateway.downstream.gate import MESSAGE_KEY, owner_of, view_of
 from gateway.downstream.server import Frontend
 from gateway.downstream.sessions import asks_capabilities
-from gateway.era import CLIENT_CAPABILITIES_KEY, LOG_LEVEL_KEY, Era
-from gateway.exposure import OWN_TOOLS
+from gateway.downstream.tools import plain_call
+from gateway.era import Era
 from gateway.jsonrpc import INTERNAL_ERROR, REQUEST_CANCELLED, encode
 from gateway.logs import get_logger
-from gateway.upstream.asks import ASKING
+from gateway.relay.context import CallContext
+from gateway.relay.forward import forward, tool_request
 
 Json = dict[str, Any]
 log = get_logger("shortcut")
@@ -241,24 +242,16 @@ class Shortcut:
             return False
         if arguments is not None and not isinstance(arguments, dict):
             return False
-        if meta is not None and "progressToken" in meta:
-            return False  # progress is relayed by the SDK path
         modern = session_id is None
-        if _talks(meta) if modern else self.frontend.sessions.talks(session_id or ""):
-            return False  # a client that can be asked things or wants log lines is served with its call's stream
-        if name in OWN_TOOLS:
-            return False  # the search and call tools are served on the SDK path
+        talks = not modern and self.frontend.sessions.talks(session_id or "")
+        if not plain_call(self.registry.catalog, view, name, meta, modern=modern, talks=talks):
+            return False  # the SDK path serves it: `downstream.tools.plain_call` says why
         entry = self.registry.catalog.resolve(name)
-        if entry is None and name in self.registry.catalog.held:
-            return False  # the SDK path words the refusal of a held tool
-        if entry is not None and view.confirms(entry):
-            return False  # a confirmation needs the SDK's back-channel (2025) or input rounds (2026)
         if modern and entry is not None and self._binds_headers(entry):
             schema = entry.input_schema
             if schema is not None and validate_mcp_param_headers(schema, arguments or {}, headers) is not None:
                 return False  # the SDK words the header mismatch
         self.registry.metrics.count_request(method)
-        CONVERSATION.set(conversation)
         key = (session_id, request_id) if session_id is not None else None
         result: Json | None = None
         failure: MCPError | None = None
@@ -270,17 +263,18 @@ class Shortcut:
                 if key is not None:
                     self._legacy_calls[key] = call_scope
                 try:
-                    entry = admit(self.registry, view, name, request_id, draining=self.frontend.draining)
-                    result = await forward_call(
-                        self.registry,
-                        entry,
-                        arguments,
-                        forwardable_meta(meta),
-                        request_id=request_id,
-                        version=version,
+                    draining = self.frontend.draining
+                    entry = admit(self.registry, view, name, request_id, draining=draining, conversation=conversation)
+                    call = CallContext(
+                        version,
+                        request_id,
+                        conversation=conversation,
                         headers=headers,
                         endpoint=view.endpoint,
+                        who=view.name,
                     )
+                    wire = tool_request(entry, arguments, meta)
+                    result = await forward(self.registry, call, entry.server, "tools/call", wire, entry)
                 except MCPError as e:
                     failure = e
                 except Exception as e:
@@ -332,16 +326,6 @@ class Shortcut:
             call_scope.cancel()
         await _reply(send, 202, b"", session_id)
         return True
-
-
-def _talks(meta: Json | None) -> bool:
-    """Whether a 2026 request opted in to log lines, declares capabilities a server may ask through, or
-    extensions (a task, say) whose answers the SDK path shapes."""
-    if not meta:
-        return False
-    capabilities = meta.get(CLIENT_CAPABILITIES_KEY)
-    asks = isinstance(capabilities, dict) and any(k in capabilities for k in (*ASKING, "extensions"))
-    return asks or LOG_LEVEL_KEY in meta
 
 
 class DisconnectWatch:

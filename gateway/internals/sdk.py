@@ -3,12 +3,11 @@
 - `negotiate`: the SDK client's modern-first connect policy (`negotiate_auto`: `server/discover`, then
   `initialize`), with the probe's timeout (`mcp.client.session.DISCOVER_TIMEOUT_SECONDS`) set per server.
 - `ClientSession._stamp`: how a session stamps a request (session id, protocol version, the 2026
-  envelope and `Mcp-*` headers); the lean channels stamp their requests the same way.
+  envelope and `Mcp-*` headers); the lean channels stamp their requests the same way, and a request sent
+  for a caller declares that caller's capabilities in its 2026 envelope.
 - `_later_revision_fields`: the result fields an older protocol revision does not know.
 - The SDK client transport's stand-in errors for HTTP failures, which carry no type or data of their
   own: `channel_error` turns them into the gateway's failure types, the one place text is compared.
-- `caller_capabilities`: a 2026-era session's envelope carries the capabilities of the caller a request
-  is sent for (`CALLER_CAPABILITIES`), by wrapping the stamp the session adopted when it connected.
 - `send_unchecked`: a request sent through a session's dispatcher (`ClientSession._dispatcher`), stamped as
   the session stamps it, whose result is not checked against the SDK's tables (2025-11-25 task results,
   which the SDK 2.x no longer models, would fail that check).
@@ -26,9 +25,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from contextvars import ContextVar
 from functools import cache
 from typing import Any
 
@@ -78,29 +76,24 @@ def later_revision_fields(method: str, version: str) -> frozenset[str]:
     return _later_revision_fields(method, version)
 
 
-def stamp(session: ClientSession, message: Json) -> dict[str, str]:
-    """Stamp `message` as `session` would stamp it before sending; returns the HTTP headers to send with it."""
-    options: Any = {}
-    session._stamp(message, options)
-    headers: dict[str, str] = options.get("headers", {})
+def stamp(session: ClientSession, message: Json, capabilities: Json | None = None) -> dict[str, str]:
+    """Stamp `message` as `session` would stamp it before sending; returns the HTTP headers to send with it.
+
+    `capabilities` (a 2026-era session's envelope only) replaces the client capabilities the session declares
+    with those of the caller the request is sent for, so the server learns what that caller can answer.
+    """
+    headers: dict[str, str] = _stamped(session, message, capabilities).get("headers", {})
     return headers
 
 
-CALLER_CAPABILITIES: ContextVar[Json | None] = ContextVar("manifold_caller_capabilities", default=None)
-
-
-def caller_capabilities(session: ClientSession) -> None:
-    """Once a 2026-era `session` has connected: requests sent while `CALLER_CAPABILITIES` is set declare those
-    capabilities instead of the session's own (the upstream learns what the caller can answer)."""
-    adopted: Callable[[Json, Any], None] = session._stamp
-
-    def stamp(data: Json, options: Any) -> None:
-        adopted(data, options)
-        capabilities = CALLER_CAPABILITIES.get()
-        if capabilities is not None:
-            data["params"]["_meta"][types.CLIENT_CAPABILITIES_META_KEY] = capabilities
-
-    session._stamp = stamp
+def _stamped(session: ClientSession, message: Json, capabilities: Json | None) -> Any:
+    """The SDK's call options for `message`, stamped by `session` (see `stamp`)."""
+    options: Any = {}
+    session._stamp(message, options)
+    meta = message.get("params", {}).get("_meta") if capabilities is not None else None
+    if isinstance(meta, dict) and types.CLIENT_CAPABILITIES_META_KEY in meta:
+        meta[types.CLIENT_CAPABILITIES_META_KEY] = capabilities
+    return options
 
 
 async def send_unchecked(
@@ -111,12 +104,13 @@ async def send_unchecked(
     timeout: float | None = None,
     progress: Any = None,
     name: str | None = None,
+    capabilities: Json | None = None,
 ) -> Json:
     """Send a request through `session` and return its result as the wire dict, unvalidated; `name` is its
-    `Mcp-Name` header where the SDK's stamp sets none (a task id). Raises `MCPError`."""
+    `Mcp-Name` header where the SDK's stamp sets none (a task id), `capabilities` those it declares (`stamp`).
+    Raises `MCPError`."""
     message: Json = {"method": method, "params": dict(params)}
-    options: Any = {}
-    session._stamp(message, options)
+    options = _stamped(session, message, capabilities)
     if name is not None:
         options.setdefault("headers", {}).setdefault(MCP_NAME_HEADER, encode_header_value(name))
     if timeout is not None:
@@ -215,11 +209,9 @@ def holding(transport: StreamableHTTPServerTransport) -> Iterator[None]:
 
 
 __all__ = [
-    "CALLER_CAPABILITIES",
     "REPLAYED",
     "absorb_tools",
     "adopt_session",
-    "caller_capabilities",
     "channel_error",
     "holding",
     "later_revision_fields",

@@ -41,10 +41,10 @@ from gateway.egress import (
     pinned_transport,
 )
 from gateway.era import Era
-from gateway.internals.sdk import caller_capabilities, negotiate
+from gateway.internals.sdk import negotiate
 from gateway.logs import get_logger, traceback_text
 from gateway.metrics import Metrics
-from gateway.upstream.asks import Callers
+from gateway.relay.asks import Callers
 from gateway.upstream.errors import State, describe, programming_error
 from gateway.upstream.http11 import MAX_ANSWER, HttpWire, uses_proxy
 from gateway.upstream.invoke import Channel, Invoker
@@ -253,8 +253,6 @@ class Upstream:
                     await session.discover()
                 else:
                     await session.initialize()
-                if Era.of(session.protocol_version).modern:
-                    caller_capabilities(session)
                 offers = await self._list(session)
                 self._report_listings(offers)
                 startup.deadline = math.inf
@@ -508,22 +506,17 @@ class Upstream:
         self._reconnect_now = True
         self._closed.set()
 
-    async def call(
+    async def request(
         self,
-        name: str,
-        arguments: Mapping[str, Any] | None,
-        meta: Mapping[str, Any] | None,
+        method: str,
+        params: Json,
         report: ProgressFnT | None = None,
-        extra: Mapping[str, Any] | None = None,
         *,
-        lean: bool = True,
+        lean: bool = False,
+        capabilities: Json | None = None,
     ) -> Json:
-        """Call a tool by its ORIGINAL name (see `Invoker.call`)."""
-        return await self._invoker.call(name, arguments, meta, report, extra, lean=lean)
-
-    async def request(self, method: str, params: Json, report: ProgressFnT | None = None) -> Json:
-        """Send any other request under the server's slots and deadline (see `Invoker.request`)."""
-        return await self._invoker.request(method, params, report)
+        """Send one request under the server's slots and deadline (see `Invoker.request`)."""
+        return await self._invoker.request(method, params, report, lean=lean, capabilities=capabilities)
 
     @property
     def channel(self) -> Channel | None:

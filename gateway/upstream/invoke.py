@@ -138,35 +138,24 @@ class Invoker:
         self._queued = 0
         self._ids = itertools.count(FIRST_ID)
 
-    async def call(
-        self,
-        name: str,
-        arguments: Mapping[str, Any] | None,
-        meta: Mapping[str, Any] | None,
-        report: ProgressFnT | None,
-        extra: Mapping[str, Any] | None = None,
-        *,
-        lean: bool = True,
-    ) -> Json:
-        """Call a tool by its ORIGINAL name; the raw result dict comes back as the upstream sent it.
-
-        `timeout` bounds silence (each progress notice restarts the clock) and `max_call_time` the
-        whole call; a call that runs out is cancelled upstream. `extra` holds further parameters
-        (a 2026 retry's `inputResponses` and `requestState`). Raises `CallFailed`, or `MCPError`
-        for an error the upstream answered with.
-        """
-        # `arguments` is optional on the wire, but servers that validate it as an object refuse a call without it
-        params: Json = {"name": name, **(extra or {}), "arguments": dict(arguments or {})}
-        if meta:
-            params["_meta"] = dict(meta)
-        return await self.request("tools/call", params, report, lean=lean)
-
     async def request(
-        self, method: str, params: Json, report: ProgressFnT | None = None, *, lean: bool = False
+        self,
+        method: str,
+        params: Json,
+        report: ProgressFnT | None = None,
+        *,
+        lean: bool = False,
+        capabilities: Json | None = None,
     ) -> Json:
-        """Send any request (`tools/call`, `prompts/get`, `resources/read`, ...) under the server's slots and
-        deadline; plain tool calls (`lean`: nobody to relay the server's requests or log lines to) take the lean
-        channel when there is one, the rest the SDK's session."""
+        """Send any request (`tools/call` by its ORIGINAL name, `prompts/get`, `resources/read`, ...) under the
+        server's slots and deadline; the server's raw result comes back.
+
+        Plain tool calls (`lean`: nobody to relay the server's requests or log lines to) take the lean channel
+        when there is one, the rest the SDK's session. A 2026-era request declares `capabilities` (those of the
+        caller it is sent for; None: the gateway's own). `timeout` bounds silence (each progress notice restarts
+        the clock) and `max_call_time` the whole call; a call that runs out is cancelled upstream. Raises
+        `CallFailed`, or `MCPError` for an error the upstream answered with.
+        """
         up, spec = self._up, self._spec
         session = up.session
         if session is None or up.state is not State.UP:
@@ -197,7 +186,7 @@ class Invoker:
                     self._queued -= 1
                 acquired = True
                 try:
-                    return await self._send(session, method, params, on_progress, lean)
+                    return await self._send(session, method, params, on_progress, lean, capabilities)
                 finally:
                     self._slots.release()
         except TimeoutError:
@@ -211,20 +200,29 @@ class Invoker:
             transient=True,
         )
 
-    async def _send(self, session: ClientSession, method: str, params: Json, progress: ProgressFnT, lean: bool) -> Json:
+    async def _send(
+        self,
+        session: ClientSession,
+        method: str,
+        params: Json,
+        progress: ProgressFnT,
+        lean: bool,
+        capabilities: Json | None,
+    ) -> Json:
         """The request, holding a slot: over the lean channel (a plain tool call, `lean`, when the server has one)
         or the SDK's session, its failures classified."""
         up = self._up
         try:
             channel = up.channel if lean else None
             if channel is not None:
-                return self._result_of(method, await self._over_channel(session, channel, params, progress))
+                answer = await self._over_channel(session, channel, params, progress, capabilities)
+                return self._result_of(method, answer)
             # Answers are taken as the server sent them and shape-checked here, not held to the negotiated
             # revision's schema by the SDK: servers that claim a revision often miss one of its fields
             # (a 2026 `resultType`, say), and task results are outside the SDK's tables anyway.
             task_id = params.get("taskId")
             name = task_id if isinstance(task_id, str) else None
-            raw = await send_unchecked(session, method, params, progress=progress, name=name)
+            raw = await send_unchecked(session, method, params, progress=progress, name=name, capabilities=capabilities)
             return self._result_of(method, {"result": raw})
         except MCPError as e:
             failure = channel_error(e)
@@ -237,11 +235,16 @@ class Invoker:
             raise self.classify(e) from None
 
     async def _over_channel(
-        self, session: ClientSession, channel: Channel, params: Json, progress: ProgressFnT | None
+        self,
+        session: ClientSession,
+        channel: Channel,
+        params: Json,
+        progress: ProgressFnT | None,
+        capabilities: Json | None,
     ) -> Json:
         """The call over the lean channel, stamped as the SDK's session would stamp it."""
         message: Json = {"jsonrpc": "2.0", "method": "tools/call", "params": params}
-        headers = stamp(session, message)
+        headers = stamp(session, message, capabilities)
         message["id"] = request_id = next(self._ids)
         if progress is not None:
             message.setdefault("params", {}).setdefault("_meta", {})["progressToken"] = request_id

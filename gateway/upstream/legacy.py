@@ -19,7 +19,7 @@ import anyio.abc
 
 from gateway.era import LATEST_HANDSHAKE, Era
 from gateway.logs import get_logger
-from gateway.upstream.asks import ASKING, declared
+from gateway.relay.asks import asks_through, declared
 from gateway.upstream.connection import Upstream
 from gateway.upstream.errors import State
 
@@ -32,7 +32,7 @@ def wants_legacy(shared: Upstream, caller_version: str, capabilities: Mapping[st
     conversation handed over) is reached over HTTP, left to negotiate (`protocol: auto`), and spoke 2026."""
     return (
         not Era.of(caller_version).modern
-        and any(k in declared(shared.spec, dict(capabilities)) for k in ASKING)
+        and asks_through(declared(shared.spec, dict(capabilities)))
         and Era.of(shared.protocol_version).modern
         and shared.spec.protocol == "auto"
         and shared.spec.kind == "http"

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from datetime import UTC, datetime
 from typing import Any
@@ -349,32 +349,23 @@ class WorkerPool(Upstream):
         link.last_pick = next(self._picks)
         return link
 
-    async def call(
+    async def request(
         self,
-        name: str,
-        arguments: Mapping[str, Any] | None,
-        meta: Mapping[str, Any] | None,
+        method: str,
+        params: Json,
         report: ProgressFnT | None = None,
-        extra: Mapping[str, Any] | None = None,
         *,
-        lean: bool = True,
+        lean: bool = False,
+        capabilities: Json | None = None,
     ) -> Json:
-        """Call a tool on one worker (see `_pick`); each attempt goes to exactly one."""
+        """Send one request to one worker (see `_pick`); each attempt goes to exactly one."""
         link = self._pick()
         link.in_flight += 1
-        link.calls += 1
-        self._workers_metric.count_worker_call(self.name, link.token_name)
+        if method == "tools/call":
+            link.calls += 1
+            self._workers_metric.count_worker_call(self.name, link.token_name)
         try:
-            return await link.call(name, arguments, meta, report, extra, lean=False)
-        finally:
-            link.in_flight -= 1
-
-    async def request(self, method: str, params: Json, report: ProgressFnT | None = None) -> Json:
-        """Send any other request to one worker."""
-        link = self._pick()
-        link.in_flight += 1
-        try:
-            return await link.request(method, params, report)
+            return await link.request(method, params, report, capabilities=capabilities)
         finally:
             link.in_flight -= 1
 

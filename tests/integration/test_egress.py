@@ -48,7 +48,9 @@ async def test_a_runtime_server_is_reached_at_the_checked_address(transport: str
             with anyio.fail_after(10):
                 await upstream.settled.wait()
             assert upstream.state is State.UP, upstream.error
-            result: dict[str, Any] = await upstream.call("echo", {"text": "pinned"}, None)
+            result: dict[str, Any] = await upstream.request(
+                "tools/call", {"name": "echo", "arguments": {"text": "pinned"}}, lean=True
+            )
             assert result["content"][0]["text"] == "pinned"
             tg.cancel_scope.cancel()
 

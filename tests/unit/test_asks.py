@@ -10,7 +10,7 @@ import pytest
 from mcp import MCPError
 
 from gateway.config import ServerSpec
-from gateway.upstream.asks import Callers, Mute
+from gateway.relay.asks import Callers, Mute
 
 pytestmark = pytest.mark.anyio
 SAMPLE = {"messages": [{"role": "user", "content": {"type": "text", "text": "hi"}}], "maxTokens": 5}

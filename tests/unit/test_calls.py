@@ -7,12 +7,14 @@ from typing import Any
 import pytest
 from mcp import MCPError
 
+from gateway import SERVER_INFO
 from gateway.access import View
-from gateway.calls import SERVER_INFO, Draining, admit, shape_result
+from gateway.calls import Draining, admit
 from gateway.config import parse_server
 from gateway.era import SERVER_INFO_KEY
 from gateway.internals.sdk import channel_error
 from gateway.registry import Registry
+from gateway.relay.forward import shape_result
 from gateway.upstream.connection import Upstream
 from gateway.upstream.errors import AnswerLost, BadAnswer, CallFailed, HttpStatus, NotSent, SessionExpired
 from gateway.upstream.invoke import Invoker

@@ -13,7 +13,7 @@ from mcp import MCPError
 from mcp.server.caching import CacheHint
 
 from gateway import era as era_module
-from gateway.downstream.server import _own_result
+from gateway.downstream.tools import own_result
 from gateway.era import SERVER_INFO_KEY, Era, Protocol, handshake_version
 
 GATEWAY = Path(__file__).resolve().parents[2] / "gateway"
@@ -187,9 +187,9 @@ def test_a_modern_result_type_is_the_results_own_else_complete(given: dict[str, 
 
 
 def test_the_gateways_own_results_follow_the_same_result_type_rule() -> None:
-    assert _own_result({"content": [], "resultType": "task"}, MODERN)["resultType"] == "task"
-    assert _own_result({"content": []}, MODERN)["resultType"] == "complete"
-    assert _own_result({"content": []}, LEGACY) == {"content": []}
+    assert own_result({"content": [], "resultType": "task"}, MODERN)["resultType"] == "task"
+    assert own_result({"content": []}, MODERN)["resultType"] == "complete"
+    assert own_result({"content": []}, LEGACY) == {"content": []}
 
 
 def test_a_result_that_is_not_complete_is_refused_to_an_earlier_revisions_caller() -> None:

@@ -8,7 +8,7 @@ import anyio
 import pytest
 from mcp import MCPError
 
-from gateway.downstream.held import HeldCalls
+from gateway.relay.held import HeldCalls
 
 pytestmark = pytest.mark.anyio
 

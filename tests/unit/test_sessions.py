@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.downstream.server import MAX_REVEALED, Frontend
+from gateway.downstream.server import Frontend
+from gateway.downstream.tools import MAX_REVEALED
 from gateway.registry import Registry
 
 pytestmark = pytest.mark.anyio

@@ -10,7 +10,7 @@ turned off, also ends in an error for the server; the caller never sees such a r
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Protocol
 
@@ -71,6 +71,17 @@ class Mute:
 
     async def log(self, params: Json) -> None:
         """Log lines of such a call go nowhere."""
+
+
+def asks_through(capabilities: Mapping[str, Any] | None) -> bool:
+    """Whether client `capabilities` (wire form) let a server ask the user something through the gateway."""
+    return capabilities is not None and any(capabilities.get(k) is not None for k in ASKING)
+
+
+def talks(caller: Caller | None) -> bool:
+    """Whether a server's log lines or requests have somewhere to go: then a tool call takes the SDK's session,
+    which hears them, not the lean channel."""
+    return caller is not None and (caller.wants_logs or asks_through(caller.capabilities))
 
 
 def wanted(spec: ServerSpec, capability: str) -> bool:

@@ -1,4 +1,4 @@
-"""The caller of a request served by the SDK's server, as the upstream side sees it (`upstream.asks.Caller`).
+"""The caller of a request served by the SDK's server, as the upstream side sees it (`relay.asks.Caller`).
 
 A 2025-era caller is asked over its call's own SSE stream and gets log lines there, filtered by the
 level its session set. A 2026-era caller cannot be asked anything mid-call (the protocol forbids
@@ -17,7 +17,6 @@ from pydantic import BaseModel, ValidationError
 
 from gateway.era import LOG_LEVEL_KEY, Era
 from gateway.logs import get_logger
-from gateway.surface import at_least
 
 Json = dict[str, Any]
 ANSWERS: dict[str, type[BaseModel]] = {
@@ -26,6 +25,7 @@ ANSWERS: dict[str, type[BaseModel]] = {
     "roots/list": types.ListRootsResult,
 }
 log = get_logger("callers")
+LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 
 
 def declared_capabilities(ctx: ServerRequestContext[Any]) -> Json:
@@ -81,3 +81,10 @@ class SessionCaller:
             )
         except Exception as e:
             log.debug("log line not delivered", reason=str(e))
+
+
+def at_least(level: str, threshold: str | None) -> bool:
+    """Whether a log line of `level` passes a session's `threshold` (None: everything passes)."""
+    if threshold is None or level not in LEVELS or threshold not in LEVELS:
+        return True
+    return LEVELS.index(level) >= LEVELS.index(threshold)
