@@ -17,6 +17,7 @@ from gateway.admin.api import admin_routes
 from gateway.admin.servers import Runtime, RuntimeError_
 from gateway.admin.store import open_store
 from gateway.config import ConfigError, FileConfig, load_config
+from gateway.console import console_routes
 from gateway.downstream.gate import AuthGate, Limits, transport_security
 from gateway.downstream.oauth import ResourceServer
 from gateway.downstream.server import Frontend
@@ -131,6 +132,7 @@ def build_app(settings: Settings, config: FileConfig, environ: Mapping[str, str]
     routes.append(WebSocketRoute("/workers", door.serve))
     if settings.admin_token is not None:
         routes += admin_routes(registry, runtime, settings.admin_token.get_secret_value(), reload)
+        routes += console_routes(registry, runtime, settings.admin_token.get_secret_value())
     if resource_server is not None:
         routes += resource_server.routes()
     app = GatewayApp(gate, routes=[*routes, Mount("/", app=gate)], lifespan=lifespan)

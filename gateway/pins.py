@@ -100,16 +100,17 @@ def pin_key(server: str, tool: str) -> str:
     return f"{server}/{tool}"
 
 
+def definition_lines(definition: Json | None) -> list[str]:
+    """A definition as a person reviews it: its JSON, one key per line (with line ends)."""
+    if definition is None:
+        return []
+    return json.dumps(definition, sort_keys=True, indent=2, ensure_ascii=False).splitlines(keepends=True)
+
+
 def readable_diff(pinned: Json | None, offered: Json | None, server: str, tool: str) -> str:
     """A unified diff of two definitions, one JSON key per line, for a person to review."""
-
-    def lines(definition: Json | None) -> list[str]:
-        if definition is None:
-            return []
-        return json.dumps(definition, sort_keys=True, indent=2, ensure_ascii=False).splitlines(keepends=True)
-
     diff = difflib.unified_diff(
-        lines(pinned), lines(offered), f"{server}/{tool} (pinned)", f"{server}/{tool} (offered)"
+        definition_lines(pinned), definition_lines(offered), f"{server}/{tool} (pinned)", f"{server}/{tool} (offered)"
     )
     return "".join(diff)
 

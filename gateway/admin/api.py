@@ -66,6 +66,20 @@ def describe_server(upstream: Upstream, registry: Registry, *, with_tools: bool 
     return body
 
 
+def reconnect_server(registry: Registry, name: str) -> Upstream:
+    """Drop a server's connection and connect again at once (a server that is down tries again now, without
+    waiting out its backoff); `RuntimeError_` for an unknown name, a disabled server or one offered by workers."""
+    upstream = registry.upstreams.get(name)
+    if upstream is None:
+        raise RuntimeError_(404, [f"no server named {name!r}"])
+    if isinstance(upstream, WorkerPool):
+        raise RuntimeError_(409, [f"server {name!r} is offered by workers; they dial in themselves"])
+    if upstream.spec.disabled:
+        raise RuntimeError_(409, [f"server {name!r} is disabled in the config file"])
+    upstream.reconnect()
+    return upstream
+
+
 def admin_routes(
     registry: Registry, runtime: Runtime, token: str, reload: Callable[[], Awaitable[list[str]]]
 ) -> list[Route]:
@@ -112,6 +126,13 @@ def admin_routes(
             return error(e.status, e.errors[0])
         return JSONResponse({"removed": request.path_params["name"]})
 
+    async def reconnect(request: Request) -> Response:
+        try:
+            upstream = reconnect_server(registry, request.path_params["name"])
+        except RuntimeError_ as e:
+            return error(e.status, e.errors[0])
+        return JSONResponse({"reconnecting": upstream.name})
+
     async def reconcile(_: Request) -> Response:
         await runtime.reconcile()
         return JSONResponse({"servers": sorted(registry.upstreams), "store": runtime.health.ok})
@@ -132,6 +153,7 @@ def admin_routes(
         Route("/admin/servers", guarded(add_server), methods=["POST"]),
         Route("/admin/servers/{name}", guarded(get_server), methods=["GET"]),
         Route("/admin/servers/{name}", guarded(remove_server), methods=["DELETE"]),
+        Route("/admin/servers/{name}/reconnect", guarded(reconnect), methods=["POST"]),
         Route("/admin/reconcile", guarded(reconcile), methods=["POST"]),
         Route("/admin/reload", guarded(reload_config), methods=["POST"]),
     ]

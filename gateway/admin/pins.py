@@ -69,8 +69,64 @@ def _find(registry: Registry, server: str, tool: str) -> Entry | None:
     return None
 
 
-def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status)
+class PinRefusal(Exception):
+    """A pin request that cannot be carried out: an HTTP status, a message, and any further fields of the answer."""
+
+    def __init__(self, status: int, message: str, **fields: Any) -> None:
+        super().__init__(message)
+        self.status, self.message, self.fields = status, message, fields
+
+
+def pin_diff(registry: Registry, server: str, tool: str) -> dict[str, Any]:
+    """One tool (original or public name) against its pin: both definitions, their digests and a readable diff;
+    `PinRefusal(404)` when the server neither offers nor has a pin for it."""
+    if server not in registry.upstreams:
+        raise PinRefusal(404, f"no server named {server!r}")
+    entry = _find(registry, server, tool)
+    original = entry.original if entry is not None else tool
+    pin = registry.pins.pin_of(server, original)
+    if entry is None and pin is None:
+        raise PinRefusal(404, f"server {server!r} neither offers nor has a pin for a tool named {tool!r}")
+    judged: Judged | None = registry.pins.judge(entry) if entry is not None else None
+    offered = visible(entry) if entry is not None else None
+    return {
+        "server": server,
+        "tool": original,
+        "public": entry.public if entry is not None else None,
+        "status": judged.status if judged is not None else "absent",
+        "pinned": _pin_body(pin),
+        "offered": {"digest": judged.offered, "definition": offered} if judged is not None else None,
+        "diff": readable_diff(pin.definition if pin is not None else None, offered, server, original),
+    }
+
+
+async def approve_tools(
+    registry: Registry, server: str, tools: list[str], reviewed: dict[str, str] | None
+) -> dict[str, Any]:
+    """Approve tools of a server (every held one when `tools` is empty), each bound to the digest reviewed when
+    `reviewed` names them; what was approved, or `PinRefusal` (404, 409 with `changed`, 503)."""
+    if server not in registry.upstreams:
+        raise PinRefusal(404, f"no server named {server!r}")
+    try:
+        approved = await registry.approve(server, tools, reviewed)
+    except KeyError as e:
+        raise PinRefusal(404, f"server {server!r} offers no tool named {e.args[0]!r}") from None
+    except ChangedSinceReview as e:
+        changed = [{"tool": tool, "reviewed": was, "offered": now} for tool, was, now in e.changes]
+        raise PinRefusal(409, str(e), changed=changed) from None
+    except StoreError as e:
+        raise PinRefusal(503, f"the store is unavailable: {e}") from None
+    return {
+        "server": server,
+        "approved": [pin.tool for pin in approved],
+        "digests": {pin.tool: pin.digest for pin in approved},
+        "reviewed": reviewed is not None,
+        "mode": registry.upstreams[server].spec.pin_mode,
+    }
+
+
+def _error(status: int, message: str, **fields: Any) -> JSONResponse:
+    return JSONResponse({"error": message, **fields}, status_code=status)
 
 
 def pin_handlers(registry: Registry) -> dict[str, Handler]:
@@ -84,27 +140,10 @@ def pin_handlers(registry: Registry) -> dict[str, Handler]:
         return JSONResponse({"pins": [row for server in servers for row in standing(registry, server)]})
 
     async def diff_pin(request: Request) -> Response:
-        server, tool = request.path_params["server"], request.path_params["tool"]
-        if server not in registry.upstreams:
-            return _error(404, f"no server named {server!r}")
-        entry = _find(registry, server, tool)
-        original = entry.original if entry is not None else tool
-        pin = registry.pins.pin_of(server, original)
-        if entry is None and pin is None:
-            return _error(404, f"server {server!r} neither offers nor has a pin for a tool named {tool!r}")
-        judged: Judged | None = registry.pins.judge(entry) if entry is not None else None
-        offered = visible(entry) if entry is not None else None
-        return JSONResponse(
-            {
-                "server": server,
-                "tool": original,
-                "public": entry.public if entry is not None else None,
-                "status": judged.status if judged is not None else "absent",
-                "pinned": _pin_body(pin),
-                "offered": {"digest": judged.offered, "definition": offered} if judged is not None else None,
-                "diff": readable_diff(pin.definition if pin is not None else None, offered, server, original),
-            }
-        )
+        try:
+            return JSONResponse(pin_diff(registry, request.path_params["server"], request.path_params["tool"]))
+        except PinRefusal as e:
+            return _error(e.status, e.message, **e.fields)
 
     async def approve_pins(request: Request) -> Response:
         server = request.path_params["server"]
@@ -127,23 +166,8 @@ def pin_handlers(registry: Registry) -> dict[str, Handler]:
         if not isinstance(tools, list) or not all(isinstance(t, str) for t in tools):
             return _error(400, APPROVE_BODY)
         try:
-            approved = await registry.approve(server, tools, reviewed)
-        except KeyError as e:
-            return _error(404, f"server {server!r} offers no tool named {e.args[0]!r}")
-        except ChangedSinceReview as e:
-            changed = [{"tool": tool, "reviewed": was, "offered": now} for tool, was, now in e.changes]
-            return JSONResponse({"error": str(e), "changed": changed}, status_code=409)
-        except StoreError as e:
-            return _error(503, f"the store is unavailable: {e}")
-        mode = registry.upstreams[server].spec.pin_mode
-        return JSONResponse(
-            {
-                "server": server,
-                "approved": [pin.tool for pin in approved],
-                "digests": {pin.tool: pin.digest for pin in approved},
-                "reviewed": reviewed is not None,
-                "mode": mode,
-            }
-        )
+            return JSONResponse(await approve_tools(registry, server, tools, reviewed))
+        except PinRefusal as e:
+            return _error(e.status, e.message, **e.fields)
 
     return {"list_pins": list_pins, "diff_pin": diff_pin, "approve_pins": approve_pins}

@@ -167,6 +167,7 @@ class Upstream:
         self._backoff = Backoff(1.0, 60.0, healthy_after=30.0)
         self._up = anyio.Event()
         self._reconnect_now = False
+        self._wake = anyio.Event()  # set by `reconnect`: ends a wait between tries
         self._tasks: anyio.abc.TaskGroup | None = None
         self._invoker = Invoker(self)
 
@@ -213,7 +214,9 @@ class Upstream:
             delay = 0.0 if self._reconnect_now else self._backoff.delay(healthy_for)
             self._reconnect_now = False
             log.info("upstream reconnect scheduled", server=self.name, delay_s=round(delay, 2))
-            await anyio.sleep(delay)
+            with anyio.move_on_after(delay):
+                await self._wake.wait()
+            self._wake, self._reconnect_now = anyio.Event(), False
             await self._set_state(State.CONNECTING, self.error)
 
     def _report_bug(self, exc: Exception, metrics: Metrics | None = None, where: str = "upstream") -> None:
@@ -505,6 +508,7 @@ class Upstream:
         """Drop the connection and connect again at once (e.g. after the HTTP session expired)."""
         self._reconnect_now = True
         self._closed.set()
+        self._wake.set()
 
     async def request(
         self,

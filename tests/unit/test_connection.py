@@ -9,6 +9,7 @@ import anyio
 import pytest
 from structlog.testing import capture_logs
 
+from gateway.backoff import Backoff
 from gateway.config import ResolvedServer, ServerSpec
 from gateway.metrics import Metrics
 from gateway.upstream.connection import Upstream
@@ -78,3 +79,29 @@ async def test_a_programming_error_inside_an_exception_group_is_still_one() -> N
         await down_once(Faulty(ExceptionGroup("tasks", [OSError("x"), AttributeError("no such thing")]), metrics))
     assert [e["error"] for e in logs if e["event"].startswith("programming error")] == ["ExceptionGroup"]
     assert internal_errors(metrics, "upstream") == 1
+
+
+async def test_reconnect_ends_the_wait_between_tries() -> None:
+    upstream = Faulty(ConnectionRefusedError("refused"), Metrics())
+    upstream._backoff = Backoff(60.0, 60.0)  # the next try would be a minute away
+    tries = 0
+    fault = upstream.fault
+
+    async def counted(r: ResolvedServer) -> Any:
+        nonlocal tries
+        tries += 1
+        raise fault
+
+    upstream._transport = counted  # type: ignore[method-assign]
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(upstream.run)
+        with anyio.fail_after(10):
+            await upstream.settled.wait()
+        assert tries == 1 and upstream.state is State.DOWN
+        upstream.reconnect()
+        with anyio.fail_after(5):
+            while tries < 2:
+                await anyio.sleep(0.01)
+        await anyio.sleep(0.2)
+        assert tries == 2, "one reconnect is one try; then the backoff holds again"
+        tg.cancel_scope.cancel()
