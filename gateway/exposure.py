@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
 from gateway.catalog import Catalog, Entry
 from gateway.search import ToolIndex
+
+if TYPE_CHECKING:
+    from gateway.embedding import StaticEmbedding
 
 Json = dict[str, Any]
 Exposure = Literal["direct", "deferred"]
@@ -160,9 +163,10 @@ def bad_input_result(tool: str, problem: str) -> Json:
 class Finder:
     """The search index over the catalog's served tools, kept in step with it."""
 
-    def __init__(self, catalog: Catalog) -> None:
+    def __init__(self, catalog: Catalog, model: StaticEmbedding | None = None) -> None:
+        """`model`: the embedding model fused with the lexical index (the `search_model` setting's; None: lexical)."""
         self.catalog = catalog
-        self.index = ToolIndex()
+        self.index = ToolIndex(model=model)
         self._indexed: dict[str, Json] = {}
         self._version = -1  # the catalog's version the index is in step with
         self._lock = anyio.Lock()

@@ -1,4 +1,5 @@
-"""Offline tool search for deferred exposure: a lexical BM25F index over tool definitions.
+"""Offline tool search for deferred exposure: a lexical BM25F index over tool definitions, fused with a small
+static embedding model when the `search_model` setting asks for it (the `semantic` extra's WordLlama model).
 
 Each tool is indexed in six fields: its name (split at `_`, `-`, camelCase and digits), its server's name,
 its title, its description, its parameter names and its parameter descriptions (with enum values). A term's
@@ -13,8 +14,15 @@ query is widened by a small table of synonyms from the vocabulary of software wo
 delete/remove, ticket/issue, PR/pull request, ...) and by adjacent words run together ("to do" -> todo), both
 at reduced weight. A tool gains a little for each share of its name's words the query has, and much when the
 query names its server. Ties go by name, so results are deterministic. Each of these was kept because it
-raised the figures on bench/search_eval, the tool listings of 24 real servers with 217 labelled queries
-(`python -m bench --only search` shows each one's share).
+raised the figures on the tuning part of bench/search_eval (`python -m bench --only search` shows each one's
+share).
+
+With the embedding model (gateway.embedding), each tool also gets a vector: the mean token vector of its server's
+name, its name's words, its title and the first words of its description. A search scores each tool by its
+lexical score divided by the best lexical score, plus `semantic_weight` times the cosine similarity of the
+query's vector to the tool's; the best tools by that sum are found exactly without scoring every tool (tools
+are taken from both rankings, deeper until no tool left out could beat the last one kept). A query with no word
+outside the stop words finds nothing, as before.
 """
 
 from __future__ import annotations
@@ -27,10 +35,14 @@ from array import array
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from gateway.labels import META_PREFIX
 
+if TYPE_CHECKING:
+    from gateway.embedding import StaticEmbedding, Vectors
+
+SearchModel = Literal["none", "wordllama"]  # the `search_model` setting: lexical alone, or fused with WordLlama
 MAX_QUERY_CHARS = 2000  # a query is cut to this many characters before it is split into words
 MAX_QUERY_TERMS = 32  # and to this many distinct words after stop words are dropped
 MAX_FIELD_TOKENS = 400  # words indexed per field per tool (parameter descriptions of big schemas run long)
@@ -56,6 +68,8 @@ class Tuning:
     name_bonus: float = 1.0  # added per unit of the share of a tool's name words that the query has
     server_boost: float = 0.5  # scores of tools whose server the query names are multiplied by 1 + this
     surface_weight: float = 0.2  # a word whose stem differs is also indexed as written, matched at this weight
+    semantic_weight: float = 0.5  # the cosine similarity's weight beside the lexical score scaled to the best one
+    semantic_words: int = 20  # words of the description in a tool's vector
 
 
 DEFAULT_TUNING = Tuning()
@@ -254,14 +268,73 @@ def tool_texts(name: str, server: str, tool: Mapping[str, Any]) -> Iterator[tupl
     yield from _schema_texts(tool.get("inputSchema"))
 
 
+def semantic_text(name: str, server: str, tool: Mapping[str, Any], words: int) -> str:
+    """The text a tool's vector is made of: server, name's words, title, the first `words` of the description."""
+    own = name.partition("__")[2] or name
+    title = tool.get("title")
+    description = tool.get("description")
+    parts = [f"{server}:", " ".join(split_words(own)) + "."]
+    if isinstance(title, str):
+        parts.append(title)
+    if isinstance(description, str):
+        parts.append(" ".join(description.split()[:words]))
+    return " ".join(parts)
+
+
+def bundled_model() -> StaticEmbedding | None:
+    """The embedding model of the `semantic` extra; None when the extra is not installed.
+
+    `gateway.embedding.ModelMissing` when it is installed but its weights or tokenizer are missing."""
+    try:
+        from gateway import embedding
+    except ModuleNotFoundError:  # numpy or tokenizers absent: lexical search alone
+        return None
+    return embedding.bundled()
+
+
+class ModelUnavailable(RuntimeError):
+    """The `search_model` setting names a model this install cannot load."""
+
+
+def load_model(choice: SearchModel) -> StaticEmbedding | None:
+    """The embedding model the `search_model` setting names: None for "none" (lexical search alone).
+
+    `ModelUnavailable`, naming the setting and what is missing, when it names a model that cannot be loaded:
+    the gateway refuses to start rather than search worse than it was told to."""
+    if choice == "none":
+        return None
+    needs = (
+        f"search_model: {choice} (MANIFOLD_SEARCH_MODEL) needs the `semantic` extra "
+        "(pip install 'manifold-gateway[semantic]'; or set search_model: none)"
+    )
+    try:
+        from gateway import embedding
+    except ModuleNotFoundError as e:
+        raise ModelUnavailable(f"{needs}: the `{e.name}` package is not installed") from None
+    try:
+        model = embedding.bundled()
+    except embedding.ModelMissing as e:
+        raise ModelUnavailable(f"{needs}: the `wordllama` package is installed but incomplete: {e}") from None
+    if model is None:
+        raise ModelUnavailable(f"{needs}: the `wordllama` package is not installed")
+    return model
+
+
 # --- the index --------------------------------------------------------------------------------------
 
 
 class ToolIndex:
     """Incremental lexical index over tool definitions."""
 
-    def __init__(self, *, tuning: Tuning = DEFAULT_TUNING) -> None:
+    def __init__(self, *, tuning: Tuning = DEFAULT_TUNING, model: StaticEmbedding | None = None) -> None:
+        """`model`: the embedding model fused with the lexical index (None: lexical alone; see `load_model`)."""
         self._tuning = tuning
+        self._model = model
+        self._vectors: Vectors | None = None
+        if self._model is not None:
+            from gateway.embedding import Vectors
+
+            self._vectors = Vectors(self._model.dim)
         self._synonyms = _build_synonyms(tuning.stem) if tuning.synonyms else {}
         self._forms_cache: dict[str, tuple[str, str | None]] = {}
         self._ids: dict[str, int] = {}  # public name -> doc id
@@ -282,6 +355,11 @@ class ToolIndex:
 
     def __contains__(self, name: object) -> bool:
         return name in self._ids
+
+    @property
+    def semantic(self) -> bool:
+        """Whether an embedding model is fused with the lexical index."""
+        return self._vectors is not None
 
     # --- words ---
 
@@ -348,6 +426,8 @@ class ToolIndex:
         if name in self._ids:
             self.remove(name)
         tuning = self._tuning
+        if self._model is not None and self._vectors is not None:
+            self._vectors.put(name, self._model.encode(semantic_text(name, server, tool, tuning.semantic_words)))
         counts: dict[str, list[int]] = {}
         lengths = [0] * len(FIELDS)
         name_terms: dict[str, None] = {}
@@ -402,6 +482,8 @@ class ToolIndex:
         doc = self._ids.pop(name, None)
         if doc is None:
             return
+        if self._vectors is not None:
+            self._vectors.remove(name)
         del self._names[doc]
         for term in self._server_terms.pop(doc):
             docs_of = self._server_docs[term]
@@ -424,7 +506,11 @@ class ToolIndex:
         if limit <= 0 or not self._ids:
             return []
         terms = self.query_terms(query)
+        if not any(weight >= 1 for weight in terms.values()):  # stop words alone
+            return []
         scores = self._scores(terms)
+        if self._model is not None and self._vectors is not None:
+            return self._fused(query, scores, limit, accept)
         if not scores:
             return []
         names = self._names
@@ -438,6 +524,45 @@ class ToolIndex:
             kept = {d: s for d, s in scores.items() if accept(names[d])}
             hits = [Hit(names[d], round(s, 6)) for d, s in self._top(kept, limit)]
         return hits[:limit]
+
+    def _fused(
+        self, query: str, lexical: dict[int, float], limit: int, accept: Callable[[str], bool] | None
+    ) -> list[Hit]:
+        """The best `limit` tools by lexical score / best lexical score + semantic_weight x cosine similarity.
+
+        Only the best of each ranking are scored: a tool outside both cut-offs scores at most the lexical
+        cut-off's share plus the weight times the similarity cut-off; while the last tool kept does not beat
+        that, both cut-offs go deeper."""
+        assert self._model is not None and self._vectors is not None
+        weight = self._tuning.semantic_weight
+        sims = self._vectors.similarities(self._model.encode(query[:MAX_QUERY_CHARS]))
+        best_lexical = max(lexical.values(), default=0.0) or 1.0
+        names = self._names
+        ok = accept or (lambda _: True)
+        depth = max(4 * limit, 32)
+        while True:
+            fused: dict[str, float] = {}
+            lex_top = self._top(lexical, depth)
+            for d, score in lex_top:
+                name = names[d]
+                if ok(name):
+                    fused[name] = score / best_lexical + weight * sims.of(name)
+            sem_top = sims.best(depth)
+            for name, sim in sem_top:
+                if name not in fused and ok(name):
+                    doc = self._ids[name]
+                    fused[name] = lexical.get(doc, 0.0) / best_lexical + weight * sim
+            ranked = sorted(((round(s, 6), n) for n, s in fused.items()), key=lambda sn: (-sn[0], sn[1]))[:limit]
+            lex_done = len(lex_top) >= len(lexical)
+            sem_done = len(sem_top) >= len(self._vectors)
+            if sem_done:  # every tool was scored
+                break
+            lex_cut = 0.0 if lex_done else lex_top[-1][1] / best_lexical
+            bound = lex_cut + weight * sem_top[-1][1]  # the most a tool outside both cut-offs can score
+            if len(ranked) == limit and ranked[-1][0] > bound:
+                break
+            depth *= 4
+        return [Hit(n, s) for s, n in ranked]
 
     def _scores(self, terms: Mapping[str, float]) -> dict[int, float]:
         n = len(self._ids)
@@ -488,7 +613,26 @@ class ToolIndex:
         return sorted(pool, key=lambda ds: (-ds[1], names[ds[0]]))
 
     def stats(self) -> dict[str, int]:
-        return {"tools": len(self._ids), "terms": len(self._postings), "postings": sum(map(len, self._terms.values()))}
+        return {
+            "tools": len(self._ids),
+            "terms": len(self._postings),
+            "postings": sum(map(len, self._terms.values())),
+            "vectors": len(self._vectors) if self._vectors is not None else 0,
+        }
 
 
-__all__ = ["DEFAULT_TUNING", "FIELDS", "Hit", "ToolIndex", "Tuning", "split_words", "stem", "tool_texts"]
+__all__ = [
+    "DEFAULT_TUNING",
+    "FIELDS",
+    "Hit",
+    "ModelUnavailable",
+    "SearchModel",
+    "ToolIndex",
+    "Tuning",
+    "bundled_model",
+    "load_model",
+    "semantic_text",
+    "split_words",
+    "stem",
+    "tool_texts",
+]

@@ -1,9 +1,13 @@
-"""The tool-search evaluation set: real servers' listings (catalog.json) and labelled queries (queries.json).
+"""The tool-search evaluation sets of real servers' listings and labelled requests.
+
+The project's set: catalog.json (24 servers) and queries.json, split into a tuning part and a frozen blind part.
+The independent set: corpus_catalog.json (the compatibility corpus, read through the gateway) and
+independent.json, requests written from tasks rather than from tool descriptions; never tuned on.
 
 `load()` reads both and checks every label names a tool of the catalog; `evaluate()` scores a ranking
 function on the queries: recall@1, recall@5 (a query counts as found when any of its labelled tools is among
-the first k) and the mean reciprocal rank of the first labelled tool. Queries at positions 0, 3, 6, ... form
-the held-out third: the ranker was tuned on the other two thirds' misses, these were read only as totals.
+the first k) and the mean reciprocal rank of the first labelled tool. Each query of queries.json names its part:
+`blind` (frozen: never tuned on, read only as totals) or `tune`.
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ HERE = Path(__file__).resolve().parent
 class Query:
     text: str
     expect: frozenset[str]
-    held_out: bool
+    held_out: bool  # in a part never tuned on (the blind part, or the independent set)
+    kind: str = ""  # the independent set's kind of request: task, terse, ambiguous, cross
 
 
 @dataclass(frozen=True)
@@ -50,10 +55,24 @@ class EvalSet:
 
 
 def load(folder: Path = HERE) -> EvalSet:
+    """The project's set: catalog.json and queries.json."""
     servers = json.loads((folder / "catalog.json").read_text())["servers"]
     raw = json.loads((folder / "queries.json").read_text())["queries"]
-    queries = [Query(q["query"], frozenset(q["expect"]), i % 3 == 0) for i, q in enumerate(raw)]
-    evalset = EvalSet(servers, queries)
+    return _checked(EvalSet(servers, [Query(q["query"], frozenset(q["expect"]), q["part"] == "blind") for q in raw]))
+
+
+def load_independent(folder: Path = HERE) -> EvalSet:
+    """The independent set: corpus_catalog.json (less the servers it leaves out) and independent.json."""
+    raw = json.loads((folder / "independent.json").read_text())
+    left_out = set(raw["left_out"])
+    recorded = json.loads((folder / "corpus_catalog.json").read_text())["servers"]
+    servers = [s for s in recorded if s["name"] not in left_out]
+    queries = [Query(q["query"], frozenset(q["expect"]), True, q["kind"]) for q in raw["queries"]]
+    return _checked(EvalSet(servers, queries))
+
+
+def _checked(evalset: EvalSet) -> EvalSet:
+    queries = evalset.queries
     names = {name for name, _, _ in evalset.tools()}
     for q in queries:
         unknown = q.expect - names

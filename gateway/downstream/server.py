@@ -7,7 +7,7 @@ import secrets
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import mcp.types as types
@@ -38,6 +38,9 @@ from gateway.relay.asks import asks_through
 from gateway.relay.callers import declared_capabilities
 from gateway.settings import HandoverSettings
 
+if TYPE_CHECKING:
+    from gateway.embedding import StaticEmbedding
+
 log = get_logger("server")
 FRESH = CacheHint(ttl_ms=0, scope="private")
 
@@ -55,6 +58,7 @@ class Frontend:
         views: Sequence[View] = (OPEN_VIEW,),
         confirm_key: bytes | None = None,
         exposure: Exposure = "direct",
+        search_model: StaticEmbedding | None = None,
     ) -> None:
         self.registry = registry
         self.views = {view.name: view for view in views}
@@ -69,6 +73,7 @@ class Frontend:
             self.inflight,
             self.deferred,
             confirm_key or secrets.token_bytes(32),
+            search_model,
         )
         # servers clients hand over: the egress rules (the defaults until the app gives the configured ones), bounds
         self.handover = HandOver(registry, EgressPolicy.from_allow(()), HandoverSettings())

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mcp.types as types
 from mcp import MCPError
@@ -47,6 +47,9 @@ from gateway.relay.held import HeldCalls
 from gateway.tasks import Tasks
 from gateway.upstream.connection import Upstream
 from gateway.upstream.errors import State
+
+if TYPE_CHECKING:
+    from gateway.embedding import StaticEmbedding
 
 Json = dict[str, Any]
 Ctx = ServerRequestContext[Any]
@@ -90,6 +93,7 @@ class ToolHandlers:
         inflight: InFlight,
         deferred: Callable[[View], bool],
         confirm_key: bytes,
+        search_model: StaticEmbedding | None = None,
     ) -> None:
         self.registry = registry
         self.sessions = sessions
@@ -97,7 +101,7 @@ class ToolHandlers:
         self.inflight = inflight
         self.deferred = deferred
         self.confirm_key = confirm_key
-        self.finder = Finder(registry.catalog)
+        self.finder = Finder(registry.catalog, search_model)
         self.held = HeldCalls()
         self.tasks = Tasks()
 

@@ -1,19 +1,25 @@
 """Deferred exposure with real clients of both eras: only the search and call tools (and `always` tools) are
 listed; the search finds tools of the caller's view only; a 2025 session then lists what it found; the call
 tool goes through the same policy as a direct call (gating and confirmation included); bad input gets a
-clean tool error."""
+clean tool error; the search's embedding model is loaded only when `search_model` asks for it, and a gateway
+that asks for it and cannot load it does not start."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx2
 import pytest
 
-from tests.fixtures.servers import stdio_spec
-from tests.integration.conftest import ERAS, connect, run_gateway, watch_changes
+from bench.search_eval import load_independent
+from tests.fixtures.servers import HttpFixture, run_http_fixture, stdio_spec
+from tests.integration.conftest import ERAS, ROOT, connect, run_gateway, watch_changes, write_config
 
 pytestmark = pytest.mark.anyio
 SEARCH, CALL = "manifold__search_tools", "manifold__call_tool"
@@ -146,3 +152,73 @@ async def test_a_gated_tool_still_needs_confirmation_through_the_call_tool(tmp_p
             result = await client.call(CALL, {"name": "fx__write_note", "arguments": {"note": "n"}})
             assert asked and "fx__write_note" in asked[0], text_of(result)
             assert result.is_error and "did not allow" in text_of(result)
+
+
+# The independent set's request that shares no word with its tool (EverArt's generate_image): the lexical index
+# misses it, the fused one ranks it first.
+DRAW = "draw an illustration of a fox in a spacesuit"
+WEIGHTS_FILE = "l2_supercat_256.safetensors"  # the model's weights, memory-mapped by a gateway that loads it
+
+
+@pytest.fixture(scope="module")
+def everart(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpFixture]:
+    """A fixture server named everart offering EverArt's generate_image as the evaluation set recorded it."""
+    independent = load_independent()
+    (query,) = [q for q in independent.queries if q.text == DRAW]
+    assert query.expect == {"everart__generate_image"}
+    (tool,) = [t for name, _, t in independent.tools() if name == "everart__generate_image"]
+    tools = tmp_path_factory.mktemp("everart") / "tools.json"
+    tools.write_text(json.dumps([{"name": "generate_image", "description": tool["description"]}]))
+    with run_http_fixture(name="everart", extra_args=("--tools-file", str(tools))) as fixture:
+        yield fixture
+
+
+@pytest.mark.parametrize("search_model", ["none", "wordllama"])
+async def test_the_embedding_model_is_loaded_only_when_the_setting_asks(
+    tmp_path: Path, everart: HttpFixture, search_model: str
+) -> None:
+    cfg = config()
+    cfg["servers"]["everart"] = {"url": everart.url, "required": True}
+    env = {"MANIFOLD_SEARCH_MODEL": search_model} if search_model != "none" else {}
+    with run_gateway(tmp_path, cfg, env=env) as gw:
+        ready(gw.base)
+        maps = Path(f"/proc/{gw.proc.pid}/maps").read_text()
+        async with connect(gw.url, "2026-07-28") as client:
+            await client.wait_for(lambda n: SEARCH in n)
+            deadline = time.monotonic() + 20
+            while True:  # the index has the tool once a request sharing its words finds it
+                found = await client.call(SEARCH, {"query": "generate an image", "limit": 1})
+                if [t["name"] for t in found.structured_content["tools"]] == ["everart__generate_image"]:
+                    break
+                assert time.monotonic() < deadline, "the index never had everart__generate_image"
+            drawn = await client.call(SEARCH, {"query": DRAW, "limit": 1})
+            names = [t["name"] for t in drawn.structured_content["tools"]]
+    if search_model == "wordllama":
+        assert WEIGHTS_FILE in maps, "the fused index maps the model's weights"
+        assert names == ["everart__generate_image"], "the fused index finds a tool sharing no word with the request"
+    else:
+        assert WEIGHTS_FILE not in maps and "/tokenizers/" not in maps, "the default gateway loads no model"
+        assert names == [], "the lexical index alone has nothing for it"
+
+
+# Runs the CLI with numpy unimportable, as on an install without the `semantic` extra.
+WITHOUT_NUMPY = "import sys; sys.modules['numpy'] = None; from gateway.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+@pytest.mark.parametrize("command", ["check", "serve"])
+def test_asking_for_a_model_that_is_not_installed_stops_the_gateway(tmp_path: Path, command: str) -> None:
+    path = write_config(tmp_path, {"servers": {}})
+    argv = [command, "--config", str(path), *(["--port", "0"] if command == "serve" else [])]
+    env = {"MANIFOLD_SEARCH_MODEL": "wordllama", "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(
+        [sys.executable, "-c", WITHOUT_NUMPY, *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "search_model: wordllama (MANIFOLD_SEARCH_MODEL) needs the `semantic` extra" in done.stderr
+    assert "the `numpy` package is not installed" in done.stderr
+    if command == "check":  # the same install with the default setting: fine
+        del env["MANIFOLD_SEARCH_MODEL"]
+        default = subprocess.run(
+            [sys.executable, "-c", WITHOUT_NUMPY, *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+        )
+        assert default.returncode == 0, default.stderr

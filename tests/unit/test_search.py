@@ -1,13 +1,38 @@
-"""The tool search index: words, incremental changes, filters, limits, bounds, and quality on the eval set."""
+"""The tool search index: words, incremental changes, filters, limits, bounds, the embedding model and its
+fusion with the lexical index, and quality on the evaluation sets.
 
+The lexical index is what a gateway runs by default (`model=None`, whatever is installed); the tests marked
+by `MODELS` run both with and without the `semantic` extra's model (`search_model: wordllama`).
+"""
+
+import struct
 import time
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.search_eval import evaluate, load
-from gateway.search import MAX_QUERY_TERMS, SYNONYM_GROUPS, Hit, ToolIndex, split_words, stem
+from bench.search_eval import evaluate, load, load_independent
+from gateway import embedding
+from gateway.config import ConfigError
+from gateway.embedding import ModelMissing, StaticEmbedding, Vectors
+from gateway.search import (
+    DEFAULT_TUNING,
+    MAX_QUERY_TERMS,
+    SYNONYM_GROUPS,
+    Hit,
+    ModelUnavailable,
+    ToolIndex,
+    load_model,
+    semantic_text,
+    split_words,
+    stem,
+)
+from gateway.settings import build_settings
+
+MODEL = embedding.bundled()  # the `semantic` extra's model, which the dev install has
+MODELS = pytest.mark.parametrize("model", [None, MODEL], ids=["lexical", "fused"])
 
 
 def _tool(description: str = "", **extra) -> dict:
@@ -20,7 +45,7 @@ def _names(hits: list[Hit]) -> list[str]:
 
 @pytest.fixture
 def index() -> ToolIndex:
-    idx = ToolIndex()
+    idx = ToolIndex(model=None)
     idx.put("github__create_issue", "github", _tool("Create a new issue in a GitHub repository"))
     idx.put("github__list_pull_requests", "github", _tool("List and filter repository pull requests"))
     idx.put("gitlab__create_issue", "gitlab", _tool("Create a new issue in a GitLab project"))
@@ -78,7 +103,7 @@ def test_stem(word, expected):
 
 
 def test_query_terms_drop_stop_words_and_add_weaker_synonyms():
-    terms = ToolIndex().query_terms("take a picture of the page")
+    terms = ToolIndex(model=None).query_terms("take a picture of the page")
     assert terms[stem("picture")] == 1.0
     assert terms[stem("page")] == 1.0
     assert "the" not in terms and "a" not in terms
@@ -86,7 +111,7 @@ def test_query_terms_drop_stop_words_and_add_weaker_synonyms():
 
 
 def test_query_terms_join_adjacent_words():
-    assert stem("todo") in ToolIndex().query_terms("what is on my to-do list")
+    assert stem("todo") in ToolIndex(model=None).query_terms("what is on my to-do list")
 
 
 # --- put, replace, remove ---
@@ -131,27 +156,27 @@ def test_removing_everything_leaves_no_postings(index):
     for name in list(index._ids):
         index.remove(name)
     assert len(index) == 0
-    assert index.stats() == {"tools": 0, "terms": 0, "postings": 0}
+    assert index.stats() == {"tools": 0, "terms": 0, "postings": 0, "vectors": 0}
     assert index.search("issue") == []
 
 
 def test_public_name_and_catalog_metadata_do_not_count_the_server_twice():
     """A tool as the gateway publishes it: `name` is the public name, the original sits in `_meta`."""
-    published = ToolIndex()
+    published = ToolIndex(model=None)
     published.put("s__get_file", "s", {"name": "s__get_file", "_meta": {"manifold/tool": "get.file"}})
-    raw = ToolIndex()
+    raw = ToolIndex(model=None)
     raw.put("s__get_file", "s", {"name": "get_file"})
     assert published.search("get the file") == raw.search("get the file")
 
 
 def test_renamed_tool_is_found_by_its_original_name_too():
-    idx = ToolIndex()
+    idx = ToolIndex(model=None)
     idx.put("s__fetch_page", "s", {"name": "s__fetch_page", "_meta": {"manifold/tool": "downloadDocument"}})
     assert _names(idx.search("download document")) == ["s__fetch_page"]
 
 
 def test_parameters_are_indexed():
-    idx = ToolIndex()
+    idx = ToolIndex(model=None)
     schema = {
         "type": "object",
         "properties": {
@@ -167,7 +192,7 @@ def test_parameters_are_indexed():
 
 
 def test_malformed_definitions_are_indexed_as_far_as_they_go():
-    idx = ToolIndex()
+    idx = ToolIndex(model=None)
     idx.put("s__a", "s", {"description": 5, "inputSchema": {"properties": ["x"]}, "annotations": "no"})
     idx.put("s__b", "s", {"inputSchema": {"properties": {"p": 3, "q": {"enum": [1, None, "red"]}}}})
     assert len(idx) == 2
@@ -181,9 +206,10 @@ def test_malformed_definitions_are_indexed_as_far_as_they_go():
         max_size=30,
     )
 )
-def test_incremental_changes_match_a_fresh_build(ops):
+@pytest.mark.parametrize("model", [None, MODEL], ids=["lexical", "fused"])
+def test_incremental_changes_match_a_fresh_build(model, ops):
     """Any run of puts and removes ranks exactly as an index built from the surviving tools alone."""
-    idx = ToolIndex()
+    idx = ToolIndex(model=model)
     alive: dict[str, str] = {}
     for is_put, n, words in ops:
         name = f"s{n % 3}__tool{n}"
@@ -193,13 +219,14 @@ def test_incremental_changes_match_a_fresh_build(ops):
         else:
             idx.remove(name)
             alive.pop(name, None)
-    fresh = ToolIndex()
+    fresh = ToolIndex(model=model)
     for name, words in sorted(alive.items(), key=lambda kv: kv[0]):
         n = int(name.rsplit("tool", 1)[1])
         fresh.put(name, f"s{n % 3}", _tool(f"{words} number {n}"))
     assert len(idx) == len(fresh)
-    for query in ("issue", "screenshot of the page", "text file number 3", "s1"):
+    for query in ("issue", "screenshot of the page", "text file number 3", "s1", "a picture"):
         assert idx.search(query, 10) == fresh.search(query, 10)
+    assert idx.stats()["vectors"] == fresh.stats()["vectors"] == (len(alive) if model else 0)
 
 
 # --- search options ---
@@ -213,7 +240,7 @@ def test_accept_filter_is_never_bypassed(index):
 
 
 def test_accept_reaches_past_many_rejected_candidates():
-    idx = ToolIndex()
+    idx = ToolIndex(model=None)
     for i in range(200):
         idx.put(f"a{i:03}__issue", f"a{i:03}", _tool("Create an issue"))
     idx.put("zz__issue", "zz", _tool("Create an issue somewhere, in many more words than the others have"))
@@ -235,11 +262,11 @@ def test_empty_or_stop_word_queries_find_nothing(index, query):
 
 
 def test_empty_index():
-    assert ToolIndex().search("anything") == []
+    assert ToolIndex(model=None).search("anything") == []
 
 
 def test_results_are_best_first_and_ties_go_by_name():
-    idx = ToolIndex()
+    idx = ToolIndex(model=None)
     for name in ("m__echo", "b__echo", "z__echo", "a__echo"):
         idx.put(name, "same", _tool("Echo the text back"))
     hits = idx.search("echo text", 3)
@@ -254,7 +281,7 @@ def test_scores_descend(index):
 
 
 def test_unicode_queries_and_descriptions():
-    idx = ToolIndex()
+    idx = ToolIndex(model=None)
     idx.put("jp__weather", "jp", _tool("天気 予報を取得します"))
     idx.put("fr__cafe", "fr", _tool("Trouver un café près d'ici"))
     idx.put("en__other", "en", _tool("Something else entirely"))
@@ -277,24 +304,194 @@ def test_huge_query_is_bounded(index):
 # --- quality on the evaluation set of real servers ---
 
 
-def test_recall_at_5_on_the_eval_set():
-    evalset = load()
-    idx = ToolIndex()
+# Floors a little under the figures measured when the split was frozen and the model fused (README, Tool search):
+# blind part R@5 0.918 / MRR 0.697 lexical, 0.918 / 0.727 fused; independent set R@5 0.664 / 0.681.
+FLOORS = {
+    ("lexical", "blind"): (0.89, 0.67),
+    ("fused", "blind"): (0.89, 0.70),
+    ("lexical", "independent"): (0.64, 0.47),
+    ("fused", "independent"): (0.65, 0.50),
+}
+
+
+@MODELS
+@pytest.mark.parametrize("split", ["blind", "independent"])
+def test_quality_on_the_parts_never_tuned_on(model, split):
+    evalset = load() if split == "blind" else load_independent()
+    queries = [q for q in evalset.queries if q.held_out]
+    idx = ToolIndex(model=model)
     for name, server, tool in evalset.tools():
         idx.put(name, server, tool)
-    quality = evaluate(lambda q: _names(idx.search(q, 10)), evalset.queries)
-    assert quality.queries >= 150
-    assert quality.recall_at_5 >= 0.9, quality.misses
+    quality = evaluate(lambda q: _names(idx.search(q, 10)), queries)
+    assert quality.queries >= (70 if split == "blind" else 150)
+    recall_floor, mrr_floor = FLOORS[("lexical" if model is None else "fused", split)]
+    assert quality.recall_at_5 >= recall_floor, quality.misses
+    assert quality.mrr >= mrr_floor
 
 
 @settings(max_examples=30, deadline=None)
 @given(st.integers(0, 2**16 - 1), st.integers(1, 8), st.sampled_from(["create issue", "read file", "page", "s3"]))
-def test_a_filtered_search_is_the_unfiltered_ranking_filtered(mask, limit, query):
+@pytest.mark.parametrize("model", [None, MODEL], ids=["lexical", "fused"])
+def test_a_filtered_search_is_the_unfiltered_ranking_filtered(model, mask, limit, query):
     """Whatever share of tools `accept` keeps, the result is the full ranking with the rest struck out."""
-    idx = ToolIndex()
+    idx = ToolIndex(model=model)
     words = ["create an issue", "read a file", "screenshot of a page", "issue in a file", "page file issue"]
     for i in range(16):
         idx.put(f"s{i % 4}__tool{i:02}", f"s{i % 4}", _tool(f"{words[i % 5]} {i}"))
     accept = lambda name: bool(mask >> int(name[-2:]) & 1)  # noqa: E731
     everything = idx.search(query, 100)
     assert idx.search(query, limit, accept) == [h for h in everything if accept(h.name)][:limit]
+
+
+# --- the embedding model and the fusion ---
+
+
+def test_the_bundled_model_loads_from_the_installed_package():
+    assert MODEL is not None, "the dev install has the `semantic` extra's packages"
+    assert MODEL.dim == 256 and MODEL.table.shape == (32000, 256)
+    v = MODEL.encode("take a screenshot of the page")
+    assert v.dtype == np.float32 and abs(float(np.linalg.norm(v)) - 1) < 1e-5
+    assert not MODEL.encode("").any()
+    near, far = MODEL.encode("take a picture of the screen"), MODEL.encode("refund the customer's payment")
+    assert float(v @ near) > float(v @ far)
+
+
+def test_the_model_is_used_only_when_the_setting_names_it():
+    """The extra is installed here, yet the default index and the default setting are lexical alone."""
+    assert not ToolIndex().semantic
+    assert load_model("none") is None
+    assert load_model("wordllama") is MODEL
+    assert ToolIndex(model=load_model("wordllama")).semantic
+
+
+@pytest.mark.parametrize("missing", ["weights", "tokenizer"])
+def test_missing_model_files_raise_a_named_error(tmp_path, missing):
+    folder = embedding.package_folder()
+    assert folder is not None
+    weights, tokenizer = folder / embedding.WEIGHTS, folder / embedding.TOKENIZER
+    if missing == "weights":
+        weights = tmp_path / "l2_supercat_256.safetensors"
+    else:
+        tokenizer = tmp_path / "tokenizer.json"
+    with pytest.raises(ModelMissing, match=str(tmp_path)):
+        StaticEmbedding.from_files(weights, tokenizer)
+
+
+def test_unreadable_weights_raise_a_named_error(tmp_path):
+    folder = embedding.package_folder()
+    assert folder is not None
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"\x01")
+    with pytest.raises(ModelMissing, match="unreadable"):
+        StaticEmbedding.from_files(bad, folder / embedding.TOKENIZER)
+    header = b'{"embedding.weight": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}}'
+    bad.write_bytes(struct.pack("<Q", len(header)) + header + bytes(16))
+    with pytest.raises(ModelMissing, match="no float16 matrix"):
+        StaticEmbedding.from_files(bad, folder / embedding.TOKENIZER)
+
+
+def test_the_setting_defaults_to_none_and_takes_only_known_models(monkeypatch):
+    monkeypatch.delenv("MANIFOLD_SEARCH_MODEL", raising=False)
+    assert build_settings({}, {}).search_model == "none"
+    assert build_settings({}, {"search_model": "wordllama"}).search_model == "wordllama"
+    with pytest.raises(ConfigError, match="search_model: Input should be 'none' or 'wordllama'"):
+        build_settings({}, {"search_model": "bert"})
+    monkeypatch.setenv("MANIFOLD_SEARCH_MODEL", "wordllama")
+    assert build_settings({}, {"search_model": "none"}).search_model == "wordllama"  # the environment wins
+
+
+@pytest.mark.parametrize("folder", ["without weights", "not installed"])
+def test_asking_for_a_model_that_cannot_load_names_the_setting_and_what_is_missing(tmp_path, monkeypatch, folder):
+    """The setting on and the package or its weights gone: no gateway starts rather than search worse quietly."""
+    (tmp_path / "tokenizers").mkdir()
+    where = tmp_path if folder == "without weights" else None
+    monkeypatch.setattr(embedding, "package_folder", lambda package="wordllama": where)
+    embedding.bundled.cache_clear()
+    try:
+        with pytest.raises(ModelUnavailable) as raised:
+            load_model("wordllama")
+        assert load_model("none") is None
+        if folder == "without weights":
+            with pytest.raises(ModelMissing, match="missing"):
+                embedding.bundled()
+    finally:
+        monkeypatch.undo()
+        embedding.bundled.cache_clear()
+    message = str(raised.value)
+    assert message.startswith("search_model: wordllama (MANIFOLD_SEARCH_MODEL) needs the `semantic` extra")
+    if folder == "without weights":
+        assert "`wordllama` package is installed but incomplete" in message and str(tmp_path) in message
+    else:
+        assert message.endswith("the `wordllama` package is not installed")
+    assert embedding.bundled() is not None
+
+
+def test_vectors_reuse_rows_and_forget_removed_tools():
+    vectors = Vectors(4)
+    for i in range(100):  # past the first capacity of 64 rows
+        vectors.put(f"t{i}", np.eye(4, dtype=np.float32)[i % 4])
+    for i in range(0, 100, 2):
+        vectors.remove(f"t{i}")
+    vectors.remove("t0")  # a second time: nothing happens
+    assert len(vectors) == 50
+    best = vectors.similarities(np.eye(4, dtype=np.float32)[1]).best(100)
+    assert len(best) == 50 and {n for n, s in best if s == 1.0} == {f"t{i}" for i in range(1, 100, 4)}
+    vectors.put("new", np.eye(4, dtype=np.float32)[0])
+    assert vectors.nbytes() == 128 * 4 * 4  # a freed row was reused: no growth
+
+
+def test_fused_score_is_the_scaled_lexical_score_plus_the_weighted_similarity(index):
+    assert MODEL is not None
+    fused = ToolIndex(model=MODEL)
+    lexical = ToolIndex(model=None)
+    tools = {name: _tool(desc) for name, desc in _FIXTURE}
+    for name, tool in tools.items():
+        fused.put(name, name.split("__")[0], tool)
+        lexical.put(name, name.split("__")[0], tool)
+    query = "take a picture of the page"
+    lex = {h.name: h.score for h in lexical.search(query, 10)}
+    top = max(lex.values())
+    q = MODEL.encode(query)
+    expected = {
+        name: lex.get(name, 0.0) / top
+        + DEFAULT_TUNING.semantic_weight
+        * float(MODEL.encode(semantic_text(name, name.split("__")[0], tool, DEFAULT_TUNING.semantic_words)) @ q)
+        for name, tool in tools.items()
+    }
+    hits = fused.search(query, 10)
+    assert _names(hits) == sorted(expected, key=lambda n: (-round(expected[n], 6), n))
+    for hit in hits:
+        assert hit.score == pytest.approx(expected[hit.name], abs=1e-5)
+
+
+def test_the_model_finds_a_tool_that_shares_no_word_with_the_request(index):
+    query = "what's the date today"
+    assert index.search(query) == []  # the lexical index alone has nothing
+    fused = ToolIndex(model=MODEL)
+    for name, desc in _FIXTURE:
+        fused.put(name, name.split("__")[0], _tool(desc))
+    assert _names(fused.search(query, 1)) == ["time__get_current_time"]
+
+
+def test_fused_search_is_exact_past_its_first_cut_offs():
+    """Many tools tie near the top: the cut-offs go deeper until the result is the full ranking's head."""
+    idx = ToolIndex(model=MODEL)
+    for i in range(300):
+        idx.put(f"c{i:03}__create_issue", f"c{i:03}", _tool("Create an issue in the tracker"))
+    idx.put("zz__open_ticket", "zz", _tool("Open a new ticket about a problem"))
+    everything = idx.search("file a ticket about a bug", 400)
+    assert len(everything) == 301
+    for limit in (1, 5, 40):
+        assert idx.search("file a ticket about a bug", limit) == everything[:limit]
+    only_zz = idx.search("file a ticket about a bug", 3, accept=lambda n: n.startswith("zz"))
+    assert _names(only_zz) == ["zz__open_ticket"]
+
+
+_FIXTURE = [
+    ("github__create_issue", "Create a new issue in a GitHub repository"),
+    ("github__list_pull_requests", "List and filter repository pull requests"),
+    ("gitlab__create_issue", "Create a new issue in a GitLab project"),
+    ("playwright__browser_take_screenshot", "Take a screenshot of the current page"),
+    ("fs__read_text_file", "Read the complete contents of a file as text"),
+    ("time__get_current_time", "Get current time in a specific timezone"),
+]
