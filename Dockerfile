@@ -4,7 +4,8 @@
 #     -v "$PWD/my.yaml:/etc/manifold/manifold.yaml:ro" manifold           # your config
 # Build with `--build-arg WITH_NODE=1` to add Node.js and npm for servers launched with npx; run those with
 # `docker run --init` (compose: `init: true`) so that orphaned grandchildren (npx -> sh -> node) are reaped.
-# compose.yaml next to this file is a sidecar example.
+# compose.yaml next to this file is a sidecar example. The stdio servers run sandboxed (bubblewrap), which needs
+# `--security-opt unmask=/proc/*` with podman (see Sandbox in the README for Docker's equivalents).
 
 # ---- builder: a venv with the locked runtime dependencies and the package ----
 FROM python:3.11-slim AS builder
@@ -33,12 +34,12 @@ RUN pip install --no-deps . \
 FROM python:3.11-slim
 
 ARG WITH_NODE=0
-# Node.js and npm from Debian, only with --build-arg WITH_NODE=1.
-RUN if [ "$WITH_NODE" = "1" ]; then \
-        apt-get update \
-        && apt-get install -y --no-install-recommends nodejs npm \
-        && rm -rf /var/lib/apt/lists/*; \
-    fi
+# bubblewrap, which sandboxes the stdio servers (the container needs user namespaces: see the README's Sandbox
+# section); Node.js and npm from Debian, only with --build-arg WITH_NODE=1.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends bubblewrap \
+    && if [ "$WITH_NODE" = "1" ]; then apt-get install -y --no-install-recommends nodejs npm; fi \
+    && rm -rf /var/lib/apt/lists/*
 
 RUN groupadd --system --gid 10001 manifold \
     && useradd --system --uid 10001 --gid manifold --home-dir /home/manifold --create-home \

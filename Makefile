@@ -41,10 +41,13 @@ corpus: tests/thirdparty/node_modules/.installed  ## the four installs side by s
 
 setup: $(VENV)/.installed
 
-system-deps:  ## Debian packages the tests use (redis-server for the shared-store tests)
-	@command -v redis-server >/dev/null || { \
-	  apt-get install -y -q redis-server >/dev/null 2>&1 || \
-	  { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server >/dev/null; }; }
+system-deps:  ## Debian packages the tests use (redis-server for the shared-store tests, chromium for the console's, bubblewrap for sandboxed stdio servers)
+	@missing=""; \
+	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	command -v bwrap >/dev/null || missing="$$missing bubblewrap"; \
+	[ -z "$$missing" ] || DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing >/dev/null; }
 
 run: setup  ## set up and serve config/manifold.yaml on http://127.0.0.1:8080/mcp
 	$(BIN)/manifold serve --config config/manifold.yaml

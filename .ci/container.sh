@@ -198,11 +198,29 @@ case "$user" in "" | root | 0 | 0:*) fail "image runs as root (User=$user)" ;; e
 case "$hc" in *healthz*) ;; *) fail "image has no HEALTHCHECK on /healthz: $hc" ;; esac
 pass "image: user $user, HEALTHCHECK on /healthz"
 
+# Without a way to mount its own /proc the stdio servers' sandbox cannot be made: the server is down, saying so.
 docker rm -f "$RUN_NAME" >/dev/null 2>&1 || true
 PORT=$(free_port)
+docker run -d --name "$RUN_NAME" -e MANIFOLD_TOKEN -p "127.0.0.1:$PORT:8080" "$IMAGE" >/dev/null ||
+  fail "docker run $IMAGE (no unmask)"
+wait_http "http://127.0.0.1:$PORT/healthz" 30 || fail "docker run (no unmask): /healthz never answered 200"
+boxed=""
+for _ in $(seq 1 20); do
+  boxed=$(body "$(http "http://127.0.0.1:$PORT/readyz")")
+  case "$boxed" in *"bubblewrap cannot create its namespaces"*) break ;; esac
+  sleep 0.5
+done
+case "$boxed" in
+  *"bubblewrap cannot create its namespaces"*) pass "without unmask=/proc/*: the sandboxed time server is down, saying why (never unsandboxed)" ;;
+  *) fail "without unmask=/proc/*, /readyz does not say the sandbox cannot be made: $boxed" ;;
+esac
+docker rm -f "$RUN_NAME" >/dev/null
+
+PORT=$(free_port)
 # --stop-timeout: podman's Docker API takes a missing one as 0 (docker stop would SIGKILL at once).
-docker run -d --name "$RUN_NAME" --stop-timeout 10 -e MANIFOLD_TOKEN -p "127.0.0.1:$PORT:8080" "$IMAGE" >/dev/null ||
-  fail "docker run $IMAGE"
+# unmask: the stdio servers' sandbox mounts a /proc of its own (see Sandbox in the README).
+docker run -d --name "$RUN_NAME" --stop-timeout 10 --security-opt 'unmask=/proc/*' -e MANIFOLD_TOKEN \
+  -p "127.0.0.1:$PORT:8080" "$IMAGE" >/dev/null || fail "docker run $IMAGE"
 wait_http "http://127.0.0.1:$PORT/healthz" 30 || fail "docker run: /healthz never answered 200"
 pass "docker run: /healthz 200 on 127.0.0.1:$PORT (built-in config)"
 
@@ -211,7 +229,7 @@ pass "docker run: /healthz 200 on 127.0.0.1:$PORT (built-in config)"
 pass "tools/list through the container with mcp.Client (newest protocol)"
 "${CHECK[@]}" --era legacy "http://127.0.0.1:$PORT/mcp" call time__get_current_time '{"timezone": "UTC"}' ||
   fail "tools/call time__get_current_time through the container (2025-era client)"
-pass "tools/call time__get_current_time through the container (2025-era client; stdio server inside)"
+pass "tools/call time__get_current_time through the container (2025-era client; stdio server inside, sandboxed)"
 
 code=$(status "$(http "http://127.0.0.1:$PORT/mcp" "evil.example:$PORT" POST)")
 [ "$code" = 421 ] || fail "a foreign Host header got $code, expected 421"

@@ -66,6 +66,7 @@ from bench.procs import (
     start_http_fixture,
     wait_port,
 )
+from bench.sandbox import sandbox_phase
 from bench.search import markdown as search_markdown
 from bench.search import search_phase
 
@@ -1129,11 +1130,12 @@ def open_get_streams(gw: Gateway, sessions: list[Session]) -> tuple[list[http.cl
 
 
 def _processes_with(marker: str) -> int:
-    """Running processes whose command line carries `marker`."""
+    """Running Python processes whose command line carries `marker` (a server's, not its sandbox's)."""
     count = 0
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            if marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            if marker.encode() in cmdline and os.path.basename(cmdline.split(b"\0", 1)[0]).startswith(b"python"):
                 count += 1
         except OSError:
             continue
@@ -1386,7 +1388,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a short smoke run (figures not comparable)")
     parser.add_argument("--profile", action="store_true", help="py-spy the gateway under echo c=16 via HTTP")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results directory (default bench/results)")
-    parser.add_argument("--only", choices=["calls", "twenty", "conversations", "search"], help="run one phase only")
+    parser.add_argument(
+        "--only", choices=["calls", "twenty", "conversations", "search", "sandbox"], help="run one phase only"
+    )
     parser.add_argument("--no-peer", action="store_true", help=f"leave the peer ({PEER_NAME}) out")
     args = parser.parse_args(argv)
     if args.profile:
@@ -1402,6 +1406,7 @@ def main(argv: list[str] | None = None) -> int:
         ("twenty", bench.twenty_phase),
         ("conversations", bench.conversations_phase),
         ("search", lambda: search_phase(bench)),
+        ("sandbox", lambda: sandbox_phase(bench)),
     ]
     took = bench.extra.setdefault("phase_seconds", {})
     try:

@@ -26,8 +26,10 @@ from gateway.handover import HandOver
 from gateway.logs import get_logger
 from gateway.probes import probe_routes
 from gateway.registry import Registry
+from gateway.search import load_model
 from gateway.settings import FILE_KEYS, Settings
 from gateway.upstream.dialin import WorkerDoor
+from gateway.upstream.sandbox import use_default
 
 log = get_logger("app")
 
@@ -51,6 +53,7 @@ class GatewayApp(Starlette):
 
 def build_app(settings: Settings, config: FileConfig, environ: Mapping[str, str] | None = None) -> Starlette:
     """The whole gateway as one ASGI app; upstreams start with its lifespan."""
+    use_default(settings.sandbox)
     store = open_store(settings.store.get_secret_value() if settings.store else None)
     oauth_key = settings.oauth_key.get_secret_value() if settings.oauth_key else None
     registry = Registry(
@@ -66,7 +69,7 @@ def build_app(settings: Settings, config: FileConfig, environ: Mapping[str, str]
     oauth = settings.auth.oauth
     rules = oauth.rules if oauth is not None else []
     views = views_for(settings.auth.tokens, settings.endpoints, rules)
-    frontend = Frontend(registry, views, confirm_key, settings.exposure)
+    frontend = Frontend(registry, views, confirm_key, settings.exposure, load_model(settings.search_model))
     runtime = Runtime(registry, store, settings)
     frontend.handover = HandOver(registry, runtime.egress, settings.handover)
     security = transport_security(settings.allowed_hosts, settings.allowed_origins)

@@ -14,9 +14,12 @@ from urllib.parse import quote
 import anyio
 
 from gateway import __version__
-from gateway.config import ConfigError, FileConfig, missing_variables
+from gateway.config import ConfigError, FileConfig, ServerSpec, missing_variables
 from gateway.credentials import credential_variables, use_problems
+from gateway.search import ModelUnavailable, load_model
 from gateway.settings import Settings, load
+from gateway.upstream.sandbox import check as check_sandbox
+from gateway.upstream.sandbox import use_default
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -123,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         for problem in e.problems:
             print(f"error: {problem}", file=sys.stderr)
         return 1
+    use_default(settings.sandbox)
     if args.command == "serve":
         return _serve(settings, config)
     if args.command == "check":
@@ -157,7 +161,7 @@ def _serve(settings: Settings, config: FileConfig) -> int:
     configure(settings.log_level, settings.log_format)
     try:
         serve(settings, config)
-    except Unsafe as e:
+    except (Unsafe, ModelUnavailable) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0
@@ -188,13 +192,21 @@ def _check(settings: Settings, config: FileConfig) -> int:
         if credential is not None and not spec.disabled:
             used[spec.credential] = None
     problems += [p for name in used for p in credential_variables(name, settings.credentials[name], os.environ)]
+    try:
+        load_model(settings.search_model)
+    except ModelUnavailable as e:
+        problems.append(str(e))
     for problem in problems:
         print(f"error: {problem}", file=sys.stderr)
     if problems:
         return 1
     enabled = [s for s in config.servers if not s.disabled]
+    if sandbox_problems(enabled):
+        return 1
     disabled = len(config.servers) - len(enabled)
     print(f"{settings.config}: ok ({len(enabled)} servers enabled, {disabled} disabled)")
+    if settings.search_model != "none":
+        print(f"tool search: lexical index fused with the {settings.search_model} embedding model")
     for name in used:
         if (client := settings.credentials[name].oauth) is None:
             continue
@@ -212,6 +224,16 @@ def _check(settings: Settings, config: FileConfig) -> int:
         print(f"oauth: tokens from {oauth.issuer} (keys: {keys}) for {audience}")
         print(f"oauth: {len(oauth.rules)} rules, first match wins: {', '.join(r.name for r in oauth.rules)}")
     return 0
+
+
+def sandbox_problems(specs: list[ServerSpec]) -> bool:
+    """Warn of each stdio server that runs unsandboxed; True (after saying why) when sandboxed ones cannot start."""
+    warnings, errors = check_sandbox(specs)
+    for line in warnings:
+        print(f"warning: {line}", file=sys.stderr)
+    for line in errors:
+        print(f"error: {line}", file=sys.stderr)
+    return bool(errors)
 
 
 @asynccontextmanager

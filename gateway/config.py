@@ -15,7 +15,16 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ByteSize,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
 from gateway.credentials import OAuthParams, fill_oauth, use_problems
 from gateway.era import Protocol
@@ -74,6 +83,55 @@ class RelaySpec(BaseModel):
     sampling: bool = True
     elicitation: bool = True
     roots: bool = False
+
+
+def _switch(value: Any) -> Any:
+    """`sandbox: off` (YAML reads it as false) or `on`, as the mapping it stands for; a JSON object in a string (an
+    environment variable) as that object."""
+    if value is False or value == "off":
+        return {"enabled": False}
+    if value is True or value == "on":
+        return {"enabled": True}
+    if isinstance(value, str) and value.lstrip().startswith("{"):
+        return json.loads(value)
+    return value
+
+
+def _absolute(paths: list[str]) -> list[str]:
+    for path in paths:
+        if not path.startswith(("/", "~/")):
+            raise ValueError(f"{path!r} is neither an absolute path nor one under ~/ (the gateway's HOME)")
+        if path.rstrip("/") in ("", "~"):
+            raise ValueError(f"granting {path} is no sandbox at all; say `sandbox: off` instead")
+    return [path.rstrip("/") for path in paths]
+
+
+class SandboxSpec(BaseModel):
+    """How a stdio server is confined (see `gateway/upstream/sandbox.py`): what it may read and write, its network,
+    its limits. A server's own fields take the place of the process-wide default's, but `read` and `write` add to
+    them. `memory` and `file_size` take bytes or sizes such as `512MiB`; `null` lifts a limit."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = True
+    read: Annotated[list[str], AfterValidator(_absolute)] = Field(default_factory=list)
+    write: Annotated[list[str], AfterValidator(_absolute)] = Field(default_factory=list)
+    network: Literal["none", "all"] = "none"
+    memory: ByteSize | None = ByteSize(2 * 1024**3)
+    cpu_time: Seconds | None = None
+    processes: int | None = Field(default=256, ge=1)
+    file_size: ByteSize | None = None
+    scripts: bool = True  # programs and scripts (.py, .js...) that `args` name are made readable with their packages
+
+    def over(self, default: SandboxSpec) -> SandboxSpec:
+        """This server's policy on top of the process-wide `default`."""
+        fields = {name: getattr(self, name) for name in self.model_fields_set}
+        fields["read"] = [*default.read, *self.read]
+        fields["write"] = [*default.write, *self.write]
+        return default.model_copy(update=fields)
+
+
+Sandbox = Annotated[SandboxSpec, BeforeValidator(_switch)]
 
 
 class ToolOverride(BaseModel):
@@ -136,6 +194,7 @@ class ServerSpec(BaseModel):
     idle_timeout: Seconds = 300.0
     max_instances: int = Field(64, ge=1)
     pin: PinMode | None = None
+    sandbox: Sandbox | None = None  # None: the process-wide `sandbox` setting
 
     @model_validator(mode="after")
     def _check(self) -> ServerSpec:
@@ -156,6 +215,8 @@ class ServerSpec(BaseModel):
                 raise ValueError(f"url must start with http:// or https://, got {self.url!r}")
         if self.command is not None and not self.command.strip():
             raise ValueError("`command` is empty")
+        if self.sandbox is not None and self.command is None:
+            raise ValueError("`sandbox` applies to stdio servers only (a `command`)")
         if self.forward_headers and self.command is not None:
             raise ValueError("`forward_headers` applies to HTTP servers only")
         for header in self.forward_headers:

@@ -43,6 +43,11 @@ ALLOWED: dict[MayAdd, frozenset[str]] = {
 }
 
 
+# A client's program always runs sandboxed (whatever the default), with no network (the egress rules cannot see a
+# process's own sockets), and sees no script of the gateway host's that its arguments name.
+HANDED_SANDBOX: Json = {"enabled": True, "network": "none", "scripts": False}
+
+
 class Refused(ValueError):
     """A handed-over server that cannot be started; the message names why (never a secret)."""
 
@@ -75,6 +80,7 @@ def spec_of(entry: Any, may_add: MayAdd) -> ServerSpec:
         if not isinstance(entry.get("command"), str) or not isinstance(args, list):
             raise Refused("a stdio server needs a `command` string and `args` list")
         fields.update(command=entry["command"], args=[str(a) for a in args], env=_pairs(entry.get("env"), "env"))
+        fields["sandbox"] = HANDED_SANDBOX
     else:
         if not isinstance(entry.get("url"), str):
             raise Refused(f"an {kind} server needs a `url`")

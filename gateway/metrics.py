@@ -73,6 +73,13 @@ class Metrics:
         self.tools_changes = Counter(
             "manifold_tools_changes", "Times a server's offered tools changed", ["server"], registry=r
         )
+        self.sandbox_limit_hits = Counter(
+            "manifold_sandbox_limit_hits",
+            "Limits a sandboxed server hit, by limit (cpu_time, file_size: the server was killed; processes: a fork "
+            "was refused)",
+            ["server", "limit"],
+            registry=r,
+        )
         self.tools_held = Gauge(
             "manifold_tools_held",
             "Tools held back from listings and calls because their definition does not match its pin",
@@ -202,6 +209,7 @@ class Metrics:
             (self.tool_calls, ("server", "tool", "outcome", "endpoint")),
             (self.call_duration, ("server",)),
             (self.call_retries, ("server",)),
+            (self.sandbox_limit_hits, ("server", "limit")),
         )
 
     def add_server(self, server: str) -> None:
@@ -321,6 +329,11 @@ class Metrics:
         """Count one connection attempt by outcome, `ok` or `error` (not for a removed server)."""
         if server in self._servers:
             self.upstream_connects.labels(server, outcome).inc()
+
+    def count_sandbox_limit(self, server: str, limit: str) -> None:
+        """Count one limit a sandboxed server hit (not for a removed server)."""
+        if server in self._servers:
+            self.sandbox_limit_hits.labels(server, limit).inc()
 
     def count_http_refusal(self, reason: str) -> None:
         """Count one connection or request refused by the HTTP limits, by reason."""

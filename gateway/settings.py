@@ -27,9 +27,10 @@ from pydantic_settings import (
 )
 
 from gateway.access import ENDPOINT_NAME, LOOPBACK_HOSTS, AuthConfig, EndpointSpec, Exposure
-from gateway.config import ConfigError, FileConfig, load_config
+from gateway.config import ConfigError, FileConfig, Sandbox, SandboxSpec, load_config
 from gateway.credentials import Credential
 from gateway.interpolate import MissingVariable, interpolate
+from gateway.search import SearchModel
 
 DEFAULT_CONFIG = Path("config/manifold.yaml")
 LogFormat = Literal["auto", "json", "console"]
@@ -135,8 +136,10 @@ class Settings(BaseSettings):
     max_conversation_instances: int = Field(256, ge=1)
     handover: HandoverSettings = Field(default_factory=HandoverSettings)
     exposure: Exposure = "direct"
+    search_model: SearchModel = "none"  # "wordllama": fuse the tool search with the `semantic` extra's model
     fast_path: bool = True
     workers: WorkerSettings = Field(default_factory=WorkerSettings)
+    sandbox: Annotated[Sandbox, NoDecode] = Field(default_factory=SandboxSpec)  # stdio servers' default policy
 
     @property
     def resource_url(self) -> str:

@@ -50,6 +50,7 @@ from gateway.upstream.http11 import MAX_ANSWER, HttpWire, uses_proxy
 from gateway.upstream.invoke import Channel, Invoker
 from gateway.upstream.lenient import LenientTransport
 from gateway.upstream.offers import NONE, Offers, list_offers
+from gateway.upstream.sandbox import sandbox_for
 from gateway.upstream.stdio import DirectChannel, stdio_transport
 from gateway.upstream.tokens import BearerAuth, Tokens, TokenSource
 
@@ -289,7 +290,9 @@ class Upstream:
             if self._egress is not None:
                 raise EgressDenied("runtime servers must use HTTP(S) (a stdio server needs runtime.stdio: true)")
             self._direct = DirectChannel() if self._fast else None
-            return stdio_transport(self.name, r.command, r.args, r.env, r.cwd, self._direct)
+            limits = self._metrics.count_sandbox_limit if self._metrics is not None else None
+            sandbox = await sandbox_for(self.spec, limits)
+            return stdio_transport(self.name, r.command, r.args, r.env, r.cwd, self._direct, sandbox)
         assert r.url is not None
         # Each connection re-checks the URL of a server not read from the config file: DNS answers can change.
         if self._egress is None and self.source != "config":

@@ -21,7 +21,7 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
@@ -36,6 +36,9 @@ from gateway.jsonrpc import decode, encode, report_progress
 from gateway.logs import get_logger, redact_text
 from gateway.upstream.errors import AnswerLost, NotSent
 from gateway.upstream.invoke import FIRST_ID
+
+if TYPE_CHECKING:
+    from gateway.upstream.sandbox import Sandbox
 
 Json = dict[str, Any]
 
@@ -245,14 +248,19 @@ async def stdio_transport(
     env: Mapping[str, str],
     cwd: str | None,
     direct: DirectChannel | None = None,
+    sandbox: Sandbox | None = None,
 ) -> AsyncIterator[tuple[Any, Any]]:
     """Run `command` in its own process group and exchange newline-delimited JSON-RPC with it.
 
-    With `direct`, answers to the channel's own requests are taken off stdout before the session sees them.
+    With `direct`, answers to the channel's own requests are taken off stdout before the session sees them; with
+    `sandbox`, the command runs inside it.
     """
     environment = {**get_default_environment(), **env}
+    argv = [find_command(command, environment.get("PATH")), *args]
+    if sandbox is not None:
+        argv, environment, cwd = sandbox.wrap(argv, environment, cwd, env)
     process = await anyio.open_process(
-        [find_command(command, environment.get("PATH")), *args],
+        argv,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -323,4 +331,6 @@ async def stdio_transport(
                 write_stream.close()
                 await stop_process_group(process, pgid)
                 log.info("upstream process stopped", server=server, pid=process.pid, code=process.returncode)
+                if sandbox is not None:
+                    await sandbox.exited(process.returncode)
             tg.cancel_scope.cancel()

@@ -263,6 +263,27 @@ def upstream_pids(gateway: Gateway, server: str) -> list[int]:
     ]
 
 
+def server_process(pid: int) -> int:
+    """The process a stdio server's command runs as: `pid` itself or, under its sandbox (bwrap), its innermost
+    descendant (as a crash would kill it, rather than the sandbox around it)."""
+    while True:
+        try:
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        except OSError:
+            return pid
+        if not children:
+            return pid
+        pid = int(children[0])
+
+
+def own_pid(pid: int) -> int:
+    """The pid a process sees for itself (inside its sandbox's PID namespace, if it has one)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("NSpid:"):
+            return int(line.split()[-1])
+    return pid
+
+
 def group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)

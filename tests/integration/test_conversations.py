@@ -29,7 +29,8 @@ def fixture_processes(marker: str) -> list[int]:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if marker in cmdline and "upstream.py" in cmdline:
+        server = os.path.basename(cmdline.split(" ", 1)[0]).startswith("python")  # not its sandbox's bwrap or shell
+        if marker in cmdline and "upstream.py" in cmdline and server:
             found.append(int(pid))
     return found
 
@@ -96,6 +97,7 @@ async def test_server_memory_keeps_one_graph_per_conversation(tmp_path: Path) ->
         "command": "node",
         "args": [str(memory)],
         "env": {"MEMORY_FILE_PATH": f"{files}/${{MANIFOLD_CONVERSATION:-shared}}.jsonl"},
+        "sandbox": {"write": [str(files)]},
         "isolation": "conversation",
         "required": True,
         "startup_timeout": 30,

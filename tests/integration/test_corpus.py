@@ -191,7 +191,11 @@ def server_entry(server: Server, work: Path, redis: str, http: HttpServer | None
         return entry
     argv: list[str] = fill(server.launch, values)
     env = {"HOME": str(work / "home"), **fill(server.env, values)}
-    return {"command": argv[0], "args": argv[1:], "env": env, "cwd": str(work), **common}
+    # Sandboxed, as by default: its work directory granted; the host's network for a service it needs, and for a
+    # call whose recorded answer is the host's resolver failing (ENOTFOUND: without a network it is EAI_AGAIN).
+    online = server.needs or (server.call is not None and server.call.text == "ENOTFOUND")
+    sandbox: dict[str, Any] = {"write": [str(work)], **({"network": "all"} if online else {})}
+    return {"command": argv[0], "args": argv[1:], "env": env, "cwd": str(work), "sandbox": sandbox, **common}
 
 
 CHECKED = re.compile(

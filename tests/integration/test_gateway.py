@@ -184,6 +184,7 @@ async def test_npm_servers_behind_the_gateway(tmp_path: Path, era: str) -> None:
                 "command": NODE,
                 "args": [str(THIRDPARTY / "server-memory/dist/index.js")],
                 "env": {"MEMORY_FILE_PATH": str(tmp_path / "memory.jsonl")},
+                "sandbox": {"write": [str(tmp_path)]},
                 "only": ["create_entities", "read_graph", "search_*"],
             },
         }

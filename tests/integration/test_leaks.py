@@ -182,7 +182,12 @@ async def test_a_stderr_flood_without_a_newline_does_not_grow_the_gateway(tmp_pa
     go = tmp_path / "go"
     config = {
         "servers": {
-            "flood": {"command": sys.executable, "args": [str(script), str(go)], "startup_timeout": 60},
+            "flood": {
+                "command": sys.executable,
+                "args": [str(script), str(go)],
+                "startup_timeout": 60,
+                "sandbox": {"read": [str(FIXTURE.parent)]},  # the script execs the fixture
+            },
             "fx": stdio_spec(),
         }
     }

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.mcphttp import LEGACY, Connection, Endpoint, close_session, open_session
 from tests.fixtures.servers import free_port, run_http_fixture, stdio_spec
-from tests.integration.conftest import Gateway, connect, run_gateway, upstream_pids, wait_until
+from tests.integration.conftest import Gateway, connect, run_gateway, server_process, upstream_pids, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -74,7 +74,7 @@ async def test_metrics_follow_a_server_down_and_up(tmp_path: Path) -> None:
             assert value(m, "manifold_tool_call_duration_seconds_count", server="fx") == 3
             assert value(m, "manifold_downstream_requests_total", method="tools/call") == 4
 
-            os.kill(upstream_pids(gw, "fx")[0], signal.SIGKILL)
+            os.kill(server_process(upstream_pids(gw, "fx")[0]), signal.SIGKILL)
             await wait_until(lambda: value(scrape(metrics), "manifold_upstream_up", server="fx") == 0)
             m = scrape(metrics)
             assert value(m, "manifold_upstream_tools", server="fx") == 0
@@ -97,7 +97,7 @@ async def test_retries_and_unavailable_are_counted(tmp_path: Path) -> None:
                 tg.start_soon(client.call, "fx__slow_read", {"seconds": 1.0})
                 tg.start_soon(client.call, "fx__slow", {"seconds": 1.0})
                 await anyio.sleep(0.4)
-                os.kill(upstream_pids(gw, "fx")[0], signal.SIGKILL)
+                os.kill(server_process(upstream_pids(gw, "fx")[0]), signal.SIGKILL)
         m = scrape(f"{gw.base}/metrics")
         assert value(m, "manifold_tool_call_retries_total", server="fx") >= 1
         assert (

@@ -22,7 +22,9 @@ from tests.integration.conftest import (
     THIRDPARTY,
     connect,
     group_alive,
+    own_pid,
     run_gateway,
+    server_process,
     upstream_pids,
     wait_until,
     watch_changes,
@@ -79,11 +81,11 @@ async def test_read_only_call_is_retried_after_a_drop_and_others_are_not(tmp_pat
                 tg.start_soon(call, "fx__slow_read")
                 tg.start_soon(call, "fx__slow")
                 await anyio.sleep(0.4)
-                os.kill(upstream_pids(gw, "fx")[0], signal.SIGKILL)
+                os.kill(server_process(upstream_pids(gw, "fx")[0]), signal.SIGKILL)
             retried = results["fx__slow_read"]
             assert retried.is_error is False, retried.content[0].text
             _first, second = upstream_pids(gw, "fx")
-            assert retried.content[0].text == f"slept in {second}"
+            assert retried.content[0].text == f"slept in {own_pid(server_process(second))}"
             assert results["fx__slow"].is_error is True
         retried_tools = [e["tool"] for e in gw.log_events() if e.get("event") == "retrying call"]
         # Once, or twice when a busy machine is slow to notice the process died (the default retry.attempts: 3).
@@ -94,7 +96,12 @@ async def test_hung_upstream_times_out_is_cancelled_and_does_not_slow_others(tmp
     cancel_file = tmp_path / "cancelled"
     config = {
         "servers": {
-            "hung": {**stdio_spec(), "timeout": 2, "env": {"FIXTURE_CANCEL_FILE": str(cancel_file)}},
+            "hung": {
+                **stdio_spec(),
+                "timeout": 2,
+                "env": {"FIXTURE_CANCEL_FILE": str(cancel_file)},
+                "sandbox": {"write": [str(tmp_path)]},
+            },
             "fast": stdio_spec(),
         }
     }
@@ -380,7 +387,11 @@ async def test_a_downstream_cancel_cancels_the_upstream_call(tmp_path: Path, era
     with run_http_fixture(name="web", env={"FIXTURE_CANCEL_FILE": str(cancel_file)}) as web:
         config = {
             "servers": {
-                "fx": {**stdio_spec(), "env": {"FIXTURE_CANCEL_FILE": str(cancel_file) + ".stdio"}},
+                "fx": {
+                    **stdio_spec(),
+                    "env": {"FIXTURE_CANCEL_FILE": str(cancel_file) + ".stdio"},
+                    "sandbox": {"write": [str(tmp_path)]},
+                },
                 "web": {"url": web.url},
             }
         }

@@ -49,8 +49,10 @@ def test_file_keys():
         "session_idle_timeout",
         "fast_path",
         "exposure",
+        "search_model",
         "workers",
         "handover",
+        "sandbox",
     }
     assert frozenset(expected) == FILE_KEYS
 
