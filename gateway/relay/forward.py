@@ -28,8 +28,9 @@ from gateway.logs import get_logger
 from gateway.relay.asks import Caller, Mute, declared, talks
 from gateway.relay.context import CallContext
 from gateway.relay.rounds import answer_rounds
-from gateway.upstream.connection import FORWARDED, Upstream
-from gateway.upstream.errors import CallFailed, describe
+from gateway.upstream.connection import Upstream
+from gateway.upstream.errors import CallFailed, State, describe
+from gateway.upstream.http import FORWARDED
 
 if TYPE_CHECKING:
     from gateway.registry import Registry

@@ -10,20 +10,16 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
-from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
-from contextvars import ContextVar
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Self
 
 import anyio
-import httpx2
 import mcp.types as types
 from mcp import ClientSession, MCPError
 from mcp.client.session import IncomingMessage
-from mcp.client.sse import sse_client
-from mcp.client.streamable_http import streamable_http_client
 from mcp.client.subscriptions import ListenNotSupportedError, SubscriptionLost, listen
 from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.message import SessionMessage
@@ -33,12 +29,9 @@ from gateway import __version__
 from gateway.backoff import Backoff
 from gateway.config import ConfigError, ResolvedServer, ServerSpec, resolve
 from gateway.egress import (
-    Checked,
     EgressDenied,
     EgressPolicy,
     check_url,
-    pinned_client_factory,
-    pinned_transport,
 )
 from gateway.era import Era
 from gateway.internals.sdk import negotiate
@@ -46,24 +39,18 @@ from gateway.logs import get_logger, traceback_text
 from gateway.metrics import Metrics
 from gateway.relay.asks import Callers
 from gateway.upstream.errors import State, describe, programming_error
-from gateway.upstream.http11 import MAX_ANSWER, HttpWire, uses_proxy
+from gateway.upstream.http import sse_transport, streamable_http_transport
+from gateway.upstream.http11 import HttpWire
 from gateway.upstream.invoke import Channel, Invoker
-from gateway.upstream.lenient import LenientTransport
 from gateway.upstream.offers import NONE, Offers, list_offers
 from gateway.upstream.sandbox import sandbox_for
 from gateway.upstream.stdio import DirectChannel, stdio_transport
-from gateway.upstream.tokens import BearerAuth, Tokens, TokenSource
+from gateway.upstream.tokens import Tokens
 
 Json = dict[str, Any]
 CLIENT_INFO = types.Implementation(name="manifold", version=__version__)
 
 log = get_logger("upstream")
-FORWARDED: ContextVar[Mapping[str, str] | None] = ContextVar("manifold_forwarded_headers", default=None)
-
-
-async def _add_forwarded(request: httpx2.Request) -> None:
-    for name, value in (FORWARDED.get() or {}).items():
-        request.headers[name] = value
 
 
 class _WatchedReadStream:
@@ -307,55 +294,21 @@ class Upstream:
                 bearer.token()
             )  # obtained at connect: a credential that cannot get one is the reason the server is down
         if kind == "sse":
-            return sse_client(
-                r.url,
-                headers=r.headers,
-                timeout=30,
-                sse_read_timeout=max(300, self.spec.timeout),
-                # to the checked address, as the streamable HTTP client below (by name, DNS could answer otherwise)
-                httpx_client_factory=pinned_client_factory(checked),
-                auth=BearerAuth(bearer) if bearer is not None else None,
-            )
-        return self._streamable_http(r.url, r.headers, checked, bearer)
+            return sse_transport(r.url, r.headers, checked, bearer, self.spec.timeout)
 
-    @asynccontextmanager
-    async def _streamable_http(
-        self, url: str, headers: dict[str, str], checked: Checked | None, bearer: TokenSource | None
-    ) -> AsyncIterator[Any]:
-        timeout = httpx2.Timeout(30, read=max(300.0, self.spec.timeout + 5))
-        transport = LenientTransport(pinned_transport(checked) if checked is not None else httpx2.AsyncHTTPTransport())
-        session_id: list[str | None] = [None]
+        def set_wire(wire: HttpWire | None) -> None:
+            self._wire = wire
 
-        async def note_session(response: httpx2.Response) -> None:
-            if (value := response.headers.get("mcp-session-id")) is not None:
-                session_id[0] = value
-
-        hooks: dict[str, list[Any]] = {"response": [note_session]}
-        if self.spec.forward_headers:
-            hooks["request"] = [_add_forwarded]
-        wire = None
-        if self._fast and not uses_proxy(url):
-            address = checked.address if checked is not None else None
-            wire = HttpWire(url, headers, lambda: session_id[0], address=address, forwarded=FORWARDED.get, auth=bearer)
-        self._wire = wire
-        try:
-            async with (
-                httpx2.AsyncClient(
-                    headers=headers,
-                    timeout=timeout,
-                    follow_redirects=checked is None,
-                    transport=transport,
-                    event_hooks=hooks,
-                    auth=BearerAuth(bearer) if bearer is not None else None,
-                ) as http,
-                # an answer as large as the lean channel takes (the SDK stops at 1 MiB per event)
-                streamable_http_client(url, http_client=http, max_sse_event_size=MAX_ANSWER) as streams,
-            ):
-                yield streams
-        finally:
-            self._wire = None
-            if wire is not None:
-                wire.close()
+        return streamable_http_transport(
+            r.url,
+            r.headers,
+            checked,
+            bearer,
+            timeout=self.spec.timeout,
+            forward_headers=bool(self.spec.forward_headers),
+            lean=self._fast,
+            on_wire=set_wire,
+        )
 
     async def _list(self, session: ClientSession) -> Offers:
         """What the server offers, every page of it, after its filters (a failed listing keeps what it held)."""
