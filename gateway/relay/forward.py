@@ -174,6 +174,7 @@ async def _with_retries(upstream: Upstream, entry: Entry, send: Callable[[Json],
     backoff = Backoff(policy.initial_delay, policy.max_delay, jitter=(0.8, 1.2))
     attempt = 1
     while True:
+        connection = upstream.connections
         try:
             return await send({})
         except CallFailed as failure:
@@ -184,8 +185,10 @@ async def _with_retries(upstream: Upstream, entry: Entry, send: Callable[[Json],
             upstream.retried()
             await anyio.sleep(backoff.delay())
             attempt += 1
-            # A server that is reconnecting gets a moment, bounded so a dead one fails the call soon.
-            await upstream.wait_up(min(upstream.spec.startup_timeout, policy.max_delay))
+            # A server that is reconnecting gets a moment, bounded so a dead one fails the call soon; when the
+            # connection the call failed on is gone, the retry waits for a newer one (not the one still ending).
+            gone = upstream.ending or upstream.state is not State.UP
+            await upstream.wait_up(min(upstream.spec.startup_timeout, policy.max_delay), connection if gone else None)
 
 
 def _account(registry: Registry, entry: Entry, outcome: str, elapsed: float, call: CallContext) -> None:

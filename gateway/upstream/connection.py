@@ -154,6 +154,7 @@ class Upstream:
         self._closed = anyio.Event()
         self._backoff = Backoff(1.0, 60.0, healthy_after=30.0)
         self._up = anyio.Event()
+        self.connections = 0  # how many times the server came up: a retry waits for a connection newer than its own
         self._reconnect_now = False
         self._wake = anyio.Event()  # set by `reconnect`: ends a wait between tries
         self._tasks: anyio.abc.TaskGroup | None = None
@@ -449,11 +450,18 @@ class Upstream:
                 status["degraded"] = dict(self.offers.degraded)
         return status
 
-    async def wait_up(self, timeout: float) -> bool:
-        """Wait up to `timeout` seconds for the server to be up; True if it is."""
+    async def wait_up(self, timeout: float, newer_than: int | None = None) -> bool:
+        """Wait up to `timeout` seconds for the server to be up (on a connection made after the `newer_than`-th,
+        when given: the one a call failed on may not be known to be gone yet); True if it is."""
         with anyio.move_on_after(timeout):
-            await self._up.wait()
-        return self.state is State.UP
+            while True:
+                up = self._up
+                await up.wait()
+                if newer_than is None or self.connections > newer_than:
+                    break
+                while self._up is up and self.state is State.UP:  # the stale connection, until it is seen to end
+                    await anyio.sleep(0.05)
+        return self.state is State.UP and (newer_than is None or self.connections > newer_than)
 
     def retried(self) -> None:
         """Count one retried call attempt."""
@@ -499,6 +507,11 @@ class Upstream:
         if self._tasks is not None:
             self._tasks.start_soon(work, *args)
 
+    @property
+    def ending(self) -> bool:
+        """Whether the current connection is known to be gone (it broke under a call, or a reconnect was asked)."""
+        return self._closed.is_set()
+
     def lost(self) -> None:
         """The connection broke under a call: end it, and reconnect with backoff."""
         self._closed.set()
@@ -507,6 +520,8 @@ class Upstream:
         changed = state is not self.state
         self.state, self.error = state, error
         if state is State.UP:
+            if not self._up.is_set():
+                self.connections += 1
             self._up.set()
         elif self._up.is_set():
             self._up = anyio.Event()

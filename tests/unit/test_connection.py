@@ -105,3 +105,27 @@ async def test_reconnect_ends_the_wait_between_tries() -> None:
         await anyio.sleep(0.2)
         assert tries == 2, "one reconnect is one try; then the backoff holds again"
         tg.cancel_scope.cancel()
+
+
+async def test_a_retry_waits_for_a_connection_newer_than_the_one_that_broke() -> None:
+    async def changed(upstream: Upstream) -> None:
+        pass
+
+    upstream = Upstream(ServerSpec.model_validate({"name": "fx", "command": "true"}), changed, {})
+    await upstream._set_state(State.UP, None)
+    broken = upstream.connections
+    # The call's connection broke, but the owner task has not seen it end yet: the server still reads as up.
+    assert not await upstream.wait_up(0.2, broken), "the broken connection is not a new one"
+    assert await upstream.wait_up(0.2), "without a connection to be newer than, being up is enough"
+
+    async def reconnect() -> None:
+        await anyio.sleep(0.1)
+        await upstream._set_state(State.CONNECTING, "connection closed")
+        await anyio.sleep(0.1)
+        await upstream._set_state(State.UP, None)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(reconnect)
+        with anyio.fail_after(2):
+            assert await upstream.wait_up(2, broken)
+    assert upstream.connections == broken + 1
