@@ -19,7 +19,7 @@ import anyio
 from bench.loadgen import run_stdio_load
 from bench.mcphttp import MODERN
 from bench.procs import FixtureSpec
-from gateway.config import SandboxSpec
+from gateway.config.servers import SandboxSpec
 from gateway.upstream.sandbox import Sandbox
 
 if TYPE_CHECKING:

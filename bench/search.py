@@ -1,6 +1,6 @@
 """The `search` phase: quality of the tool search on the eval set of real servers, and its speed at 10,000 tools.
 
-Quality: recall@1, recall@5 and MRR of gateway.search.ToolIndex on bench/search_eval, beside a plain substring
+Quality: recall@1, recall@5 and MRR of gateway.catalog.search.ToolIndex on bench/search_eval, beside a plain substring
 baseline (tools ranked by how many of the query's words occur in their name and description) and beside the
 ranker with each of its refinements taken away, on the project's set (its tuning part and its frozen blind
 part) and on the independent set, lexical alone (the default) and fused with the embedding model
@@ -22,11 +22,11 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from bench.search_eval import EvalSet, Query, evaluate, load, load_independent
-from gateway.search import DEFAULT_TUNING, STOP_WORDS, ToolIndex, Tuning, bundled_model, split_words
+from gateway.catalog.search import DEFAULT_TUNING, STOP_WORDS, ToolIndex, Tuning, bundled_model, split_words
 
 if TYPE_CHECKING:
     from bench.run import Bench
-    from gateway.embedding import StaticEmbedding
+    from gateway.catalog.embedding import StaticEmbedding
 
 TOOLS_AT_SCALE = 10_000
 VIEW_COPY = 7  # the copy of the catalog a filtered search keeps

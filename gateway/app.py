@@ -12,23 +12,23 @@ from starlette.applications import Starlette
 from starlette.routing import BaseRoute, Mount, WebSocketRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.access import views_for
 from gateway.admin.api import admin_routes
+from gateway.admin.probes import probe_routes
 from gateway.admin.servers import Runtime, RuntimeError_
-from gateway.admin.store import open_store
-from gateway.config import ConfigError, FileConfig, load_config
+from gateway.catalog.search import load_model
+from gateway.config.servers import ConfigError, FileConfig, load_config
+from gateway.config.settings import FILE_KEYS, Settings
 from gateway.console import console_routes
+from gateway.core.handover import HandOver
+from gateway.core.registry import Registry
+from gateway.downstream.dialin import WorkerDoor
 from gateway.downstream.gate import AuthGate, Limits, transport_security
 from gateway.downstream.oauth import ResourceServer
 from gateway.downstream.server import Frontend
 from gateway.downstream.shortcut import Shortcut
-from gateway.handover import HandOver
-from gateway.logs import get_logger
-from gateway.probes import probe_routes
-from gateway.registry import Registry
-from gateway.search import load_model
-from gateway.settings import FILE_KEYS, Settings
-from gateway.upstream.dialin import WorkerDoor
+from gateway.observe.logs import get_logger
+from gateway.policy.access import views_for
+from gateway.store import open_store
 from gateway.upstream.sandbox import use_default
 
 log = get_logger("app")

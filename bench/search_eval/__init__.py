@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gateway.naming import public_name
+from gateway.protocol.naming import public_name
 
 HERE = Path(__file__).resolve().parent
 

@@ -13,9 +13,9 @@ from starlette.routing import Route
 
 from gateway.admin.pins import pin_handlers
 from gateway.admin.servers import Runtime, RuntimeError_
-from gateway.registry import Registry
+from gateway.core.registry import Registry
 from gateway.upstream.connection import Upstream
-from gateway.upstream.workers import WorkerPool
+from gateway.upstream.workerpool import WorkerPool
 
 Handler = Callable[[Request], Awaitable[Response]]
 MAX_BODY = 64 * 1024

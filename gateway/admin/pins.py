@@ -10,10 +10,10 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gateway.admin.store import StoreError
-from gateway.catalog import Entry
-from gateway.pins import ChangedSinceReview, Judged, Pin, given_digest, readable_diff, visible
-from gateway.registry import Registry
+from gateway.catalog.merged import Entry
+from gateway.core.registry import Registry
+from gateway.policy.pins import ChangedSinceReview, Judged, Pin, given_digest, readable_diff, visible
+from gateway.store import StoreError
 
 MAX_BODY = 64 * 1024
 APPROVE_BODY = (

@@ -7,14 +7,14 @@ from typing import Any
 
 import anyio
 
-from gateway.admin.store import Options, Store, StoreError
-from gateway.config import ServerSpec, parse_server
-from gateway.credentials import use_problems
-from gateway.egress import EgressDenied, EgressPolicy, check_url
-from gateway.logs import get_logger
-from gateway.registry import NameTaken, Registry
-from gateway.settings import Settings
-from gateway.upstream.errors import describe
+from gateway.config.credentials import use_problems
+from gateway.config.servers import ServerSpec, parse_server
+from gateway.config.settings import Settings
+from gateway.core.registry import NameTaken, Registry
+from gateway.observe.logs import get_logger
+from gateway.policy.egress import EgressPolicy, check_url
+from gateway.protocol.errors import EgressDenied, describe
+from gateway.store import Options, Store, StoreError
 
 log = get_logger("runtime")
 SECRET_KEYS = ("headers", "env")

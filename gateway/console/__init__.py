@@ -10,11 +10,11 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from gateway.admin.servers import Runtime
-from gateway.callfeed import CallFeed
 from gateway.console.headers import SecurityHeaders
 from gateway.console.pages import Console
 from gateway.console.sessions import PREFIX
-from gateway.registry import Registry
+from gateway.core.registry import Registry
+from gateway.observe.callfeed import CallFeed
 
 
 async def _to_overview(_: Request) -> Response:

@@ -7,7 +7,7 @@ from difflib import SequenceMatcher
 from itertools import zip_longest
 from typing import Any, Literal
 
-from gateway.pins import definition_lines
+from gateway.policy.pins import definition_lines
 
 Kind = Literal["same", "changed", "removed", "added"]
 

@@ -17,7 +17,6 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response, Stream
 from gateway.admin.api import describe_server, read_capped, reconnect_server
 from gateway.admin.pins import PinRefusal, approve_tools, pin_diff, standing
 from gateway.admin.servers import Runtime, RuntimeError_
-from gateway.callfeed import CallFeed
 from gateway.console.diff import side_by_side
 from gateway.console.rates import CallRates
 from gateway.console.sessions import (
@@ -33,10 +32,11 @@ from gateway.console.sessions import (
     set_cookie,
     sign_in_token,
 )
-from gateway.logs import get_logger
-from gateway.pins import given_digest
-from gateway.registry import Registry
-from gateway.upstream.workers import WorkerPool
+from gateway.core.registry import Registry
+from gateway.observe.callfeed import CallFeed
+from gateway.observe.logs import get_logger
+from gateway.policy.pins import given_digest
+from gateway.upstream.workerpool import WorkerPool
 
 log = get_logger("console")
 MAX_FORM = 64 * 1024

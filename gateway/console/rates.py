@@ -7,7 +7,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from gateway.metrics import Metrics
+from gateway.observe.metrics import Metrics
 
 WINDOW = 60.0
 EVERY = 5.0  # at most one reading kept per this many seconds

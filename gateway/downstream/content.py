@@ -1,5 +1,5 @@
 """Prompts, resources, completions and log levels on the SDK's server: listings of what the caller's view sees,
-and requests routed to their server (`gateway.surface`)."""
+and requests routed to their server (`gateway.core.surface`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from typing import Any
 import mcp.types as types
 from mcp.server import ServerRequestContext
 
-from gateway import surface
+from gateway.core import surface
+from gateway.core.forward import forwardable_meta
+from gateway.core.registry import Registry
 from gateway.downstream.inflight import InFlight
 from gateway.downstream.listing import visible_prompts, visible_resources
 from gateway.downstream.notices import Notices
@@ -21,9 +23,7 @@ from gateway.downstream.requests import (
     session_of,
 )
 from gateway.downstream.sessions import Sessions
-from gateway.registry import Registry
 from gateway.relay.callers import LEVELS
-from gateway.relay.forward import forwardable_meta
 
 Ctx = ServerRequestContext[Any]
 

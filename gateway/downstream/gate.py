@@ -22,12 +22,13 @@ import anyio.to_thread
 from mcp.server.transport_security import TransportSecuritySettings
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.access import OPEN_VIEW, EndpointSpec, TokenSpec, TokenTable, View, views_for
-from gateway.bucket import TokenBucket
+from gateway.config.access import EndpointSpec, TokenSpec
 from gateway.downstream.oauth import Refusal, ResourceServer
 from gateway.downstream.sessions import Sessions, asks_capabilities
-from gateway.jsonrpc import decode, encode, error_body
-from gateway.logs import get_logger
+from gateway.observe.logs import get_logger
+from gateway.policy.access import OPEN_VIEW, TokenTable, View, views_for
+from gateway.policy.bucket import TokenBucket
+from gateway.protocol.jsonrpc import decode, encode, error_body
 
 log = get_logger("gate")
 SCOPE_KEY = "manifold_view"

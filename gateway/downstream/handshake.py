@@ -12,10 +12,10 @@ from mcp.server.models import InitializationOptions
 from mcp.types.methods import serialize_server_result
 from pydantic import ValidationError
 
-from gateway.access import View
-from gateway.era import Era, handshake_version
-from gateway.registry import Registry
-from gateway.upstream.errors import State
+from gateway.core.registry import Registry
+from gateway.policy.access import View
+from gateway.protocol.era import Era, handshake_version
+from gateway.protocol.errors import State
 
 Json = dict[str, Any]
 TASKS_EXTENSION = "io.modelcontextprotocol/tasks"

@@ -8,11 +8,11 @@ from typing import Any
 from mcp.server.caching import CacheHint
 
 from gateway import SERVER_INFO
-from gateway.access import OPEN_VIEW, View
-from gateway.catalog import Catalog, Entry
-from gateway.era import Era
-from gateway.exposure import CALL_DEFINITION, SEARCH_DEFINITION
-from gateway.jsonrpc import encode
+from gateway.catalog.exposure import CALL_DEFINITION, SEARCH_DEFINITION
+from gateway.catalog.merged import Catalog, Entry
+from gateway.policy.access import OPEN_VIEW, View
+from gateway.protocol.era import Era
+from gateway.protocol.jsonrpc import encode
 
 Json = dict[str, Any]
 # Per-token views (and live changes) make a listing private and immediately stale.

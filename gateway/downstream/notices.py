@@ -19,14 +19,14 @@ from mcp.server.subscriptions import (
     ToolsListChanged,
 )
 
-from gateway.access import View
+from gateway.core.registry import Registry
 from gateway.downstream.handshake import ManifoldServer, offered
 from gateway.downstream.listing import Listings, visible_prompts, visible_resources
 from gateway.downstream.requests import request_view
 from gateway.downstream.sessions import Sessions
-from gateway.logs import get_logger
-from gateway.registry import Registry
-from gateway.upstream.errors import State
+from gateway.observe.logs import get_logger
+from gateway.policy.access import View
+from gateway.protocol.errors import State
 
 log = get_logger("server")
 

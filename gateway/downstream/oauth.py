@@ -28,9 +28,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from gateway.access import OAuthConfig, OAuthRule, scopes_of
-from gateway.logs import get_logger
-from gateway.oauthmeta import metadata_urls
+from gateway.config.access import OAuthConfig, OAuthRule, scopes_of
+from gateway.observe.logs import get_logger
+from gateway.protocol.oauthmeta import metadata_urls
 
 log = get_logger("oauth")
 Json = dict[str, Any]

@@ -9,11 +9,11 @@ import mcp.types as types
 from mcp import MCPError
 from mcp.server import ServerRequestContext
 
-from gateway.access import OPEN_VIEW, View
-from gateway.conversations import conversation_key
+from gateway.core.conversations import conversation_key
 from gateway.downstream.gate import owner_of, view_of
 from gateway.downstream.sessions import Sessions
-from gateway.era import Era
+from gateway.policy.access import OPEN_VIEW, View
+from gateway.protocol.era import Era
 from gateway.relay.asks import Caller
 from gateway.relay.callers import SessionCaller
 from gateway.relay.context import CallContext

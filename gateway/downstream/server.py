@@ -17,8 +17,11 @@ from mcp.server.caching import CacheHint
 from mcp.server.context import CallNext, HandlerResult
 
 from gateway import SERVER_INFO
-from gateway.access import OPEN_VIEW, Exposure, View
-from gateway.catalog import Entry
+from gateway.catalog.merged import Entry
+from gateway.config.access import Exposure
+from gateway.config.settings import HandoverSettings
+from gateway.core.handover import HandOver, Refused
+from gateway.core.registry import Registry
 from gateway.downstream.content import ContentHandlers
 from gateway.downstream.handshake import ManifoldServer, handshake, narrowed
 from gateway.downstream.inflight import InFlight
@@ -28,18 +31,16 @@ from gateway.downstream.requests import conversation_of, legacy_session, request
 from gateway.downstream.sessions import Sessions
 from gateway.downstream.tasks import TaskHandlers
 from gateway.downstream.tools import ToolHandlers
-from gateway.egress import EgressPolicy
-from gateway.era import Era
-from gateway.handover import HandOver, Refused
 from gateway.internals.sdk import REPLAYED
-from gateway.logs import get_logger
-from gateway.registry import Registry
+from gateway.observe.logs import get_logger
+from gateway.policy.access import OPEN_VIEW, View
+from gateway.policy.egress import EgressPolicy
+from gateway.protocol.era import Era
 from gateway.relay.asks import asks_through
 from gateway.relay.callers import declared_capabilities
-from gateway.settings import HandoverSettings
 
 if TYPE_CHECKING:
-    from gateway.embedding import StaticEmbedding
+    from gateway.catalog.embedding import StaticEmbedding
 
 log = get_logger("server")
 FRESH = CacheHint(ttl_ms=0, scope="private")
@@ -162,7 +163,7 @@ class Frontend:
         return True
 
     async def _hand_over(self, ctx: ServerRequestContext[Any], params: Any) -> Any:
-        """`manifold/servers/add`: start the servers this conversation hands over (see `gateway.handover`)."""
+        """`manifold/servers/add`: start the servers this conversation hands over (see `gateway.core.handover`)."""
         raw = ctx.params if isinstance(ctx.params, dict) else {}
         view = request_view(ctx)
         try:

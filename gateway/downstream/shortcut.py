@@ -7,7 +7,7 @@ field it understands, as one `application/json` body, and hands everything else 
 handshakes, listen streams, progress, confirmations, cursors and malformed envelopes.
 
 Which requests it may take is its own rule (`_answer`'s checks: anything it cannot serve exactly as the
-SDK path would goes there); admission is `gateway.calls`', forwarding and result shaping `relay.forward`'s,
+SDK path would goes there); admission is `gateway.core.calls`', forwarding and result shaping `relay.forward`'s,
 the listing `downstream.listing`'s, sessions `downstream.sessions`'.
 """
 
@@ -31,18 +31,18 @@ from mcp.shared.inbound import (
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.calls import admit
-from gateway.catalog import Entry
-from gateway.conversations import conversation_key
+from gateway.catalog.merged import Entry
+from gateway.core.calls import admit
+from gateway.core.conversations import conversation_key
+from gateway.core.forward import forward, tool_request
 from gateway.downstream.gate import MESSAGE_KEY, owner_of, view_of
 from gateway.downstream.server import Frontend
 from gateway.downstream.sessions import asks_capabilities
 from gateway.downstream.tools import plain_call
-from gateway.era import Era
-from gateway.jsonrpc import INTERNAL_ERROR, REQUEST_CANCELLED, encode
-from gateway.logs import get_logger
+from gateway.observe.logs import get_logger
+from gateway.protocol.era import Era
+from gateway.protocol.jsonrpc import INTERNAL_ERROR, REQUEST_CANCELLED, encode
 from gateway.relay.context import CallContext
-from gateway.relay.forward import forward, tool_request
 
 Json = dict[str, Any]
 log = get_logger("shortcut")

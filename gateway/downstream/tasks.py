@@ -1,5 +1,5 @@
 """The task methods on the SDK's server (`tasks/get|result|cancel|update|list`), checked for the caller's era and
-sent to the task's server (`gateway.tasks`)."""
+sent to the task's server (`gateway.core.tasks`)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ import mcp.types as types
 from mcp import MCPError
 from mcp.server import ServerRequestContext
 
+from gateway.core.registry import Registry
+from gateway.core.tasks import Tasks
 from gateway.downstream.handshake import TASKS_EXTENSION
 from gateway.downstream.inflight import InFlight
 from gateway.downstream.requests import call_context, caller_of, page, task_owner
 from gateway.downstream.sessions import Sessions
-from gateway.era import Era
-from gateway.registry import Registry
+from gateway.protocol.era import Era
 from gateway.relay.callers import declared_capabilities
-from gateway.tasks import Tasks
 
 Ctx = ServerRequestContext[Any]
 

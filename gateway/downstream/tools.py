@@ -12,9 +12,21 @@ from mcp import MCPError
 from mcp.server import ServerRequestContext
 
 from gateway import SERVER_INFO
-from gateway.access import View
-from gateway.calls import call_tool
-from gateway.catalog import Catalog
+from gateway.catalog.exposure import (
+    CALL_TOOL,
+    OWN_TOOLS,
+    SEARCH_TOOL,
+    BadInput,
+    Finder,
+    bad_input_result,
+    call_request,
+    found_result,
+    search_request,
+)
+from gateway.catalog.merged import Catalog
+from gateway.core.calls import call_tool
+from gateway.core.registry import Registry
+from gateway.core.tasks import Tasks
 from gateway.downstream.inflight import InFlight
 from gateway.downstream.listing import Listings
 from gateway.downstream.requests import (
@@ -27,29 +39,17 @@ from gateway.downstream.requests import (
     task_owner,
 )
 from gateway.downstream.sessions import Sessions
-from gateway.era import CLIENT_CAPABILITIES_KEY, LOG_LEVEL_KEY, Era
-from gateway.exposure import (
-    CALL_TOOL,
-    OWN_TOOLS,
-    SEARCH_TOOL,
-    BadInput,
-    Finder,
-    bad_input_result,
-    call_request,
-    found_result,
-    search_request,
-)
-from gateway.logs import get_logger
-from gateway.registry import Registry
+from gateway.observe.logs import get_logger
+from gateway.policy.access import View
+from gateway.protocol.era import CLIENT_CAPABILITIES_KEY, LOG_LEVEL_KEY, Era
+from gateway.protocol.errors import State
 from gateway.relay.asks import asks_through
 from gateway.relay.callers import SessionCaller
 from gateway.relay.held import HeldCalls
-from gateway.tasks import Tasks
 from gateway.upstream.connection import Upstream
-from gateway.upstream.errors import State
 
 if TYPE_CHECKING:
-    from gateway.embedding import StaticEmbedding
+    from gateway.catalog.embedding import StaticEmbedding
 
 Json = dict[str, Any]
 Ctx = ServerRequestContext[Any]

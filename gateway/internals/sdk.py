@@ -41,7 +41,7 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.shared.inbound import MCP_NAME_HEADER, encode_header_value
 from starlette.types import Message, Receive, Scope
 
-from gateway.upstream.errors import AnswerLost, ChannelError, HttpStatus, SessionExpired
+from gateway.protocol.errors import AnswerLost, ChannelError, HttpStatus, SessionExpired
 
 Json = dict[str, Any]
 # What the SDK's streamable HTTP client puts in place of an HTTP 404 on a session and other error statuses.

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
-from gateway.jsonrpc import encode, error_body
+from gateway.protocol.jsonrpc import encode, error_body
 
 
 def keep_exit_status_clean(server: uvicorn.Server) -> None:

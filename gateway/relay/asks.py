@@ -20,10 +20,10 @@ from mcp import MCPError
 from mcp.client.session import ClientRequestContext
 from pydantic import BaseModel, ValidationError
 
-from gateway.bucket import Throttle
-from gateway.config import ServerSpec
-from gateway.labels import META_PREFIX
-from gateway.logs import get_logger
+from gateway.catalog.labels import META_PREFIX
+from gateway.config.servers import ServerSpec
+from gateway.observe.logs import get_logger
+from gateway.policy.bucket import Throttle
 
 Json = dict[str, Any]
 log = get_logger("asks")

@@ -15,8 +15,8 @@ from mcp.server import ServerRequestContext
 from mcp.shared.message import ServerMessageMetadata
 from pydantic import BaseModel, ValidationError
 
-from gateway.era import LOG_LEVEL_KEY, Era
-from gateway.logs import get_logger
+from gateway.observe.logs import get_logger
+from gateway.protocol.era import LOG_LEVEL_KEY, Era
 
 Json = dict[str, Any]
 ANSWERS: dict[str, type[BaseModel]] = {

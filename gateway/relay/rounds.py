@@ -19,8 +19,8 @@ import mcp.types as types
 from mcp import MCPError
 from mcp.server import ServerRequestContext
 
-from gateway.catalog import Entry
-from gateway.era import Era
+from gateway.catalog.merged import Entry
+from gateway.protocol.era import Era
 from gateway.relay.asks import Caller, Callers
 
 Json = dict[str, Any]

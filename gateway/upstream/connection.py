@@ -26,26 +26,22 @@ from mcp.shared.message import SessionMessage
 from mcp.shared.subscriptions import ResourceUpdated
 
 from gateway import __version__
-from gateway.backoff import Backoff
-from gateway.config import ConfigError, ResolvedServer, ServerSpec, resolve
-from gateway.egress import (
-    EgressDenied,
-    EgressPolicy,
-    check_url,
-)
-from gateway.era import Era
+from gateway.config.servers import ConfigError, ResolvedServer, ServerSpec, resolve
 from gateway.internals.sdk import negotiate
-from gateway.logs import get_logger, traceback_text
-from gateway.metrics import Metrics
+from gateway.observe.logs import get_logger, traceback_text
+from gateway.observe.metrics import Metrics
+from gateway.policy.backoff import Backoff
+from gateway.policy.egress import EgressPolicy, check_url
+from gateway.protocol.era import Era
+from gateway.protocol.errors import EgressDenied, State, describe, programming_error
 from gateway.relay.asks import Callers
-from gateway.upstream.errors import State, describe, programming_error
-from gateway.upstream.http import sse_transport, streamable_http_transport
-from gateway.upstream.http11 import HttpWire
 from gateway.upstream.invoke import Channel, Invoker
 from gateway.upstream.offers import NONE, Offers, list_offers
 from gateway.upstream.sandbox import sandbox_for
-from gateway.upstream.stdio import DirectChannel, stdio_transport
 from gateway.upstream.tokens import Tokens
+from gateway.upstream.transports.http import sse_transport, streamable_http_transport
+from gateway.upstream.transports.http11 import HttpWire
+from gateway.upstream.transports.stdio import DirectChannel, stdio_transport
 
 Json = dict[str, Any]
 CLIENT_INFO = types.Implementation(name="manifold", version=__version__)

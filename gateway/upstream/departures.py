@@ -16,9 +16,9 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 
-from gateway.admin.store import Store, StoreError
-from gateway.logs import get_logger
-from gateway.upstream.errors import describe
+from gateway.observe.logs import get_logger
+from gateway.protocol.errors import describe
+from gateway.store import Store, StoreError
 
 KIND = "worker-departures"
 log = get_logger("workers")

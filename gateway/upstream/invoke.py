@@ -21,9 +21,9 @@ from mcp import ClientSession, MCPError
 from mcp.shared.dispatcher import ProgressFnT
 from pydantic import ValidationError
 
-from gateway.era import LATEST_HANDSHAKE, Era
 from gateway.internals.sdk import channel_error, send_unchecked, stamp
-from gateway.upstream.errors import (
+from gateway.protocol.era import LATEST_HANDSHAKE, Era
+from gateway.protocol.errors import (
     AnswerLost,
     BadAnswer,
     CallFailed,

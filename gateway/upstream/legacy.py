@@ -17,11 +17,11 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from gateway.era import LATEST_HANDSHAKE, Era
-from gateway.logs import get_logger
+from gateway.observe.logs import get_logger
+from gateway.protocol.era import LATEST_HANDSHAKE, Era
+from gateway.protocol.errors import State
 from gateway.relay.asks import asks_through, declared
 from gateway.upstream.connection import Upstream
-from gateway.upstream.errors import State
 
 log = get_logger("upstream")
 

@@ -16,11 +16,11 @@ import mcp.types as types
 from mcp import ClientSession, MCPError
 from pydantic import BaseModel, ValidationError
 
-from gateway.config import ServerSpec
-from gateway.filters import apply_filters
+from gateway.catalog.filters import apply_filters
+from gateway.config.servers import ServerSpec
 from gateway.internals.sdk import absorb_tools, send_unchecked
-from gateway.logs import get_logger
-from gateway.upstream.errors import describe
+from gateway.observe.logs import get_logger
+from gateway.protocol.errors import describe
 
 Json = dict[str, Any]
 log = get_logger("upstream")

@@ -36,8 +36,8 @@ from pathlib import Path
 
 import anyio
 
-from gateway.config import SandboxSpec, ServerSpec
-from gateway.logs import get_logger
+from gateway.config.servers import SandboxSpec, ServerSpec
+from gateway.observe.logs import get_logger
 
 log = get_logger("sandbox")
 

@@ -9,7 +9,7 @@ again: two refreshes of one rotating refresh token would lose the login (an auth
 used refresh token again revokes the whole grant).
 
 What is kept where: with `oauth_key` set, a credential's refresh token and access tokens are sealed (AES-GCM,
-`gateway.sealing`) in the store as the record `oauth/<credential>`, so replicas share them; without it, client
+`gateway.store.sealing`) in the store as the record `oauth/<credential>`, so replicas share them; without it, client
 credentials tokens live in this process only, and refresh tokens cannot be kept at all. Tokens are never
 logged, counted by value, or shown.
 """
@@ -27,14 +27,14 @@ from urllib.parse import quote, urlsplit
 import anyio
 import httpx2
 
-from gateway.admin.store import Store, StoreError, held
-from gateway.admin.store.memory import MemoryStore
-from gateway.credentials import OAuthParams
-from gateway.logs import get_logger
-from gateway.metrics import Metrics
-from gateway.oauthmeta import metadata_urls
-from gateway.sealing import Sealer, SealError
-from gateway.upstream.errors import NoToken
+from gateway.config.credentials import OAuthParams
+from gateway.observe.logs import get_logger
+from gateway.observe.metrics import Metrics
+from gateway.protocol.errors import NoToken
+from gateway.protocol.oauthmeta import metadata_urls
+from gateway.store import Store, StoreError, held
+from gateway.store.memory import MemoryStore
+from gateway.store.sealing import Sealer, SealError
 
 log = get_logger("tokens")
 Json = dict[str, Any]

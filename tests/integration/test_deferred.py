@@ -202,7 +202,9 @@ async def test_the_embedding_model_is_loaded_only_when_the_setting_asks(
 
 
 # Runs the CLI with numpy unimportable, as on an install without the `semantic` extra.
-WITHOUT_NUMPY = "import sys; sys.modules['numpy'] = None; from gateway.cli import main; sys.exit(main(sys.argv[1:]))"
+WITHOUT_NUMPY = (
+    "import sys; sys.modules['numpy'] = None; from gateway.cli.main import main; sys.exit(main(sys.argv[1:]))"
+)
 
 
 @pytest.mark.parametrize("command", ["check", "serve"])

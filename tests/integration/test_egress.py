@@ -12,10 +12,10 @@ from typing import Any
 import anyio
 import pytest
 
-from gateway.config import ServerSpec
-from gateway.egress import EgressPolicy
+from gateway.config.servers import ServerSpec
+from gateway.policy.egress import EgressPolicy
+from gateway.protocol.errors import State
 from gateway.upstream.connection import Upstream
-from gateway.upstream.errors import State
 from tests.fixtures.servers import run_http_fixture
 
 pytestmark = pytest.mark.anyio

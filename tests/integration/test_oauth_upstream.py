@@ -21,8 +21,8 @@ import anyio
 import httpx2
 import pytest
 
-from gateway.admin.store.sqlite import SqliteStore
-from gateway.sealing import Sealer
+from gateway.store.sealing import Sealer
+from gateway.store.sqlite import SqliteStore
 from tests.fixtures.oidc import AuthServer, OAuthClient, Protected, available, run_auth_server, run_protected_upstream
 from tests.fixtures.servers import free_port
 from tests.integration.conftest import ROOT, Gateway, connect, run_gateway, write_config

@@ -17,7 +17,7 @@ from typing import Any
 import httpx2
 import pytest
 
-from gateway.admin.store.sqlite import SqliteStore
+from gateway.store.sqlite import SqliteStore
 from tests.fixtures.servers import stdio_spec
 from tests.integration.conftest import (
     ERAS,

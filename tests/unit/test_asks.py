@@ -9,7 +9,7 @@ import mcp.types as types
 import pytest
 from mcp import MCPError
 
-from gateway.config import ServerSpec
+from gateway.config.servers import ServerSpec
 from gateway.relay.asks import Callers, Mute
 
 pytestmark = pytest.mark.anyio

@@ -8,15 +8,15 @@ import pytest
 from mcp import MCPError
 
 from gateway import SERVER_INFO
-from gateway.access import View
-from gateway.calls import Draining, admit
-from gateway.config import parse_server
-from gateway.era import SERVER_INFO_KEY
+from gateway.config.servers import parse_server
+from gateway.core.calls import Draining, admit
+from gateway.core.forward import shape_result
+from gateway.core.registry import Registry
 from gateway.internals.sdk import channel_error
-from gateway.registry import Registry
-from gateway.relay.forward import shape_result
+from gateway.policy.access import View
+from gateway.protocol.era import SERVER_INFO_KEY
+from gateway.protocol.errors import AnswerLost, BadAnswer, CallFailed, HttpStatus, NotSent, SessionExpired
 from gateway.upstream.connection import Upstream
-from gateway.upstream.errors import AnswerLost, BadAnswer, CallFailed, HttpStatus, NotSent, SessionExpired
 from gateway.upstream.invoke import Invoker
 
 MODERN, LEGACY = "2026-07-28", "2025-11-25"
@@ -31,7 +31,7 @@ def _registry() -> Registry:
     spec = parse_server("fx", {"command": "fx", "pin": "off"}, "servers.fx", problems)
     assert spec is not None and not problems
     registry = Registry([spec])
-    from gateway.catalog import ToolSet
+    from gateway.catalog.merged import ToolSet
 
     registry.catalog.update(ToolSet("fx", "fx", False, None, TOOLS))
     return registry

@@ -5,7 +5,7 @@ import hashlib
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.catalog import Catalog, Collision, Entry, ToolSet, merge
+from gateway.catalog.merged import Catalog, Collision, Entry, ToolSet, merge
 
 
 def _h(server: str, tool: str) -> str:
@@ -287,9 +287,9 @@ def test_readers_that_follow_changes_see_what_a_full_read_sees(steps, every):
     # The listings behind change notices and the search index read only the names each change moved.
     import anyio
 
-    from gateway.access import OPEN_VIEW, View
+    from gateway.catalog.exposure import Finder
     from gateway.downstream.listing import Listings
-    from gateway.exposure import Finder
+    from gateway.policy.access import OPEN_VIEW, View
 
     catalog = Catalog(holds=_holds)
     views = [OPEN_VIEW, View("narrow", servers=("s1", "s3"), tools=("*echo*", "a_b*"))]

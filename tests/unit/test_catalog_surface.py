@@ -1,6 +1,6 @@
 """Prompts and resources in the merged catalog: names, labels, routing of URIs by config order, clashes."""
 
-from gateway.catalog import Catalog, ToolSet, merge
+from gateway.catalog.merged import Catalog, ToolSet, merge
 
 
 def _set(server: str, rank: int, *, prompts=(), resources=(), templates=(), trusted=False) -> ToolSet:

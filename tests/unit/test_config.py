@@ -6,7 +6,8 @@ import textwrap
 import pytest
 from pydantic import ValidationError
 
-from gateway.config import (
+from gateway.config.interpolate import MissingVariable, interpolate
+from gateway.config.servers import (
     ConfigError,
     ServerSpec,
     glob_problem,
@@ -15,8 +16,7 @@ from gateway.config import (
     parse_config,
     resolve,
 )
-from gateway.interpolate import MissingVariable, interpolate
-from gateway.settings import FILE_KEYS
+from gateway.config.settings import FILE_KEYS
 
 ISSUE_YAML = """\
 servers:

@@ -9,11 +9,11 @@ import anyio
 import pytest
 from structlog.testing import capture_logs
 
-from gateway.backoff import Backoff
-from gateway.config import ResolvedServer, ServerSpec
-from gateway.metrics import Metrics
+from gateway.config.servers import ResolvedServer, ServerSpec
+from gateway.observe.metrics import Metrics
+from gateway.policy.backoff import Backoff
+from gateway.protocol.errors import State
 from gateway.upstream.connection import Upstream
-from gateway.upstream.errors import State
 
 pytestmark = pytest.mark.anyio
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from gateway.callfeed import CallFeed
 from gateway.console.diff import side_by_side
 from gateway.console.rates import CallRates
 from gateway.console.sessions import MAX_SESSIONS, Sessions
-from gateway.metrics import Metrics
+from gateway.observe.callfeed import CallFeed
+from gateway.observe.metrics import Metrics
 
 
 @pytest.fixture

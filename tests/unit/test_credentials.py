@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.config import ConfigError, ServerSpec, resolve
-from gateway.credentials import Credential, credential_variables, use_problems
-from gateway.settings import build_settings
+from gateway.config.credentials import Credential, credential_variables, use_problems
+from gateway.config.servers import ConfigError, ServerSpec, resolve
+from gateway.config.settings import build_settings
 
 KEY = "k" * 32
 CC = {"grant": "client_credentials", "client_id": "${CID}", "client_secret": "${CSECRET}", "token_url": "https://as/t"}

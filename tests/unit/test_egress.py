@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.egress import EgressDenied, EgressPolicy, check_url, system_resolver
+from gateway.policy.egress import EgressPolicy, check_url, system_resolver
+from gateway.protocol.errors import EgressDenied
 
 pytestmark = pytest.mark.anyio
 NONE = EgressPolicy.from_allow([])

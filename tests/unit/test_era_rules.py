@@ -1,4 +1,4 @@
-"""The era rules: what each protocol revision has, asked of `gateway.era` and nowhere else."""
+"""The era rules: what each protocol revision has, asked of `gateway.protocol.era` and nowhere else."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ import pytest
 from mcp import MCPError
 from mcp.server.caching import CacheHint
 
-from gateway import era as era_module
 from gateway.downstream.tools import own_result
-from gateway.era import SERVER_INFO_KEY, Era, Protocol, handshake_version
+from gateway.protocol import era as era_module
+from gateway.protocol.era import SERVER_INFO_KEY, Era, Protocol, handshake_version
 
 GATEWAY = Path(__file__).resolve().parents[2] / "gateway"
-ERA_MODULE = GATEWAY / "era.py"
+ERA_MODULE = GATEWAY / "protocol" / "era.py"
 MODERN, LEGACY, OLDEST = "2026-07-28", "2025-11-25", "2024-11-05"
 STAMP = {"name": "manifold", "version": "test"}
 
@@ -85,7 +85,7 @@ def test_no_module_but_the_era_module_asks_a_protocol_version_anything() -> None
         if path != ERA_MODULE
         for line, what in era_rule_breaches(path.read_text())
     ]
-    assert offenders == [], "ask gateway.era (Era.of(version)) instead:\n" + "\n".join(offenders)
+    assert offenders == [], "ask gateway.protocol.era (Era.of(version)) instead:\n" + "\n".join(offenders)
 
 
 @pytest.mark.parametrize(

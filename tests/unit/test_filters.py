@@ -2,7 +2,7 @@
 
 import pytest
 
-from gateway.filters import apply_filters
+from gateway.catalog.filters import apply_filters
 
 NAMES = ["search_issues", "search_users", "create_issue", "get_time", "get_lime", "alpha", "beta", "gamma"]
 

@@ -11,9 +11,9 @@ from typing import Any
 import httpx2
 import pytest
 
-from gateway.upstream.errors import AnswerLost, BadAnswer, HttpStatus, NotSent, SessionExpired
-from gateway.upstream.http11 import HttpWire, SseEvents
-from gateway.upstream.lenient import LenientTransport
+from gateway.protocol.errors import AnswerLost, BadAnswer, HttpStatus, NotSent, SessionExpired
+from gateway.upstream.transports.http11 import HttpWire, SseEvents
+from gateway.upstream.transports.lenient import LenientTransport
 
 Script = Callable[[bytes], list[bytes] | None]
 CLOSE = b"<close the connection>"
@@ -268,7 +268,7 @@ def test_an_event_ended_by_lone_crs_is_taken_without_waiting_for_more() -> None:
 
 
 async def test_an_oversized_answer_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("gateway.upstream.http11.MAX_ANSWER", 1000)
+    monkeypatch.setattr("gateway.upstream.transports.http11.MAX_ANSWER", 1000)
     body = b'{"jsonrpc":"2.0","id":7,"result":{"content":[{"type":"text","text":"' + b"x" * 5000 + b'"}]}}'
     async with scripted_server(lambda _: [_http("200 OK", "application/json", body)]) as (url, _, _):
         wire = HttpWire(url, {}, lambda: None)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.jsonrpc import decode, encode
+from gateway.protocol.jsonrpc import decode, encode
 
 EDGES = [2**63 - 1, -(2**63), 2**63, -(2**63) - 1, 2**64, 2**70, -(2**70), 10**30]
 

@@ -5,8 +5,8 @@ from typing import Any
 
 import pytest
 
-from gateway.catalog import publish
-from gateway.labels import META_PREFIX, Labels, labels_for
+from gateway.catalog.labels import META_PREFIX, Labels, labels_for
+from gateway.catalog.merged import publish
 
 
 def test_no_annotations_leaves_every_hint_unset():

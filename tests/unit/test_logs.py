@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 import structlog
 
-from gateway.logs import LineWriter, configure, get_logger
+from gateway.observe.logs import LineWriter, configure, get_logger
 
 
 class CountingStream(io.StringIO):

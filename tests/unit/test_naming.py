@@ -4,7 +4,7 @@ import hashlib
 
 import pytest
 
-from gateway.naming import MAX_LENGTH, name_hash, public_name, sanitise, with_hash
+from gateway.protocol.naming import MAX_LENGTH, name_hash, public_name, sanitise, with_hash
 
 
 def _hash8(server: str, tool: str) -> str:

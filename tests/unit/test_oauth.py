@@ -14,11 +14,12 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
-from gateway.access import AuthConfig, EndpointSpec, OAuthConfig, scopes_of, views_for
-from gateway.config import ConfigError
+from gateway.config.access import AuthConfig, EndpointSpec, OAuthConfig, scopes_of
+from gateway.config.servers import ConfigError
+from gateway.config.settings import build_settings
 from gateway.downstream.oauth import Keys, Refusal, ResourceServer
-from gateway.oauthmeta import metadata_urls
-from gateway.settings import build_settings
+from gateway.policy.access import views_for
+from gateway.protocol.oauthmeta import metadata_urls
 
 pytestmark = pytest.mark.anyio
 ISSUER = "https://as.example.com"
@@ -278,7 +279,7 @@ async def test_keys_and_tokens_without_a_kid_are_tried_by_algorithm() -> None:
 
 
 def test_an_oauth_gateway_may_bind_a_public_address() -> None:
-    from gateway.serve import Unsafe, check_exposure
+    from gateway.cli.serve import Unsafe, check_exposure
 
     public = {"host": "0.0.0.0", "public_url": "https://gw.example.com"}
     check_exposure(build_settings({}, {**public, "auth": {"oauth": {"issuer": ISSUER, "rules": [{"name": "r"}]}}}))

@@ -12,7 +12,7 @@ from mcp import ClientSession
 from mcp.shared.message import SessionMessage
 from mcp.types import jsonrpc_message_adapter
 
-from gateway.config import ServerSpec
+from gateway.config.servers import ServerSpec
 from gateway.upstream.offers import list_offers
 
 pytestmark = pytest.mark.anyio

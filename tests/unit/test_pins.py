@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
-from gateway.admin.store.memory import MemoryStore
-from gateway.catalog import Catalog, Entry, ToolSet
-from gateway.config import PinMode
-from gateway.labels import labels_for
-from gateway.pins import Pins, digest, given_digest, readable_diff, visible
+from gateway.catalog.labels import labels_for
+from gateway.catalog.merged import Catalog, Entry, ToolSet
+from gateway.config.servers import PinMode
+from gateway.policy.pins import Pins, digest, given_digest, readable_diff, visible
+from gateway.store.memory import MemoryStore
 
 pytestmark = pytest.mark.anyio
 

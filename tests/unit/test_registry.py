@@ -14,11 +14,11 @@ import pytest
 from structlog.testing import capture_logs
 
 from gateway.admin.servers import Runtime, RuntimeError_
-from gateway.admin.store.sqlite import SqliteStore
-from gateway.config import ServerSpec, parse_server
-from gateway.registry import NameTaken, Registry
-from gateway.settings import Settings
-from gateway.upstream.errors import State
+from gateway.config.servers import ServerSpec, parse_server
+from gateway.config.settings import Settings
+from gateway.core.registry import NameTaken, Registry
+from gateway.protocol.errors import State
+from gateway.store.sqlite import SqliteStore
 from tests.fixtures.servers import stdio_spec
 
 pytestmark = pytest.mark.anyio

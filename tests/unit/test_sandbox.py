@@ -10,8 +10,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from gateway.config import SandboxSpec, ServerSpec, parse_config
-from gateway.handover import spec_of
+from gateway.config.servers import SandboxSpec, ServerSpec, parse_config
+from gateway.core.handover import spec_of
 from gateway.upstream import sandbox
 from gateway.upstream.sandbox import (
     Sandbox,
@@ -68,7 +68,7 @@ def test_handed_over_servers_are_always_sandboxed_without_network_or_scripts() -
 
 
 def test_bad_sandbox_options_are_reported_with_their_place() -> None:
-    from gateway.config import ConfigError
+    from gateway.config.servers import ConfigError
 
     with pytest.raises(ConfigError) as e:
         parse_config(

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from gateway.sealing import Sealer, SealError
+from gateway.store.sealing import Sealer, SealError
 
 KEY = "a-key-of-at-least-thirty-two-characters"
 

@@ -14,10 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.search_eval import evaluate, load, load_independent
-from gateway import embedding
-from gateway.config import ConfigError
-from gateway.embedding import ModelMissing, StaticEmbedding, Vectors
-from gateway.search import (
+from gateway.catalog import embedding
+from gateway.catalog.embedding import ModelMissing, StaticEmbedding, Vectors
+from gateway.catalog.search import (
     DEFAULT_TUNING,
     MAX_QUERY_TERMS,
     SYNONYM_GROUPS,
@@ -29,7 +28,8 @@ from gateway.search import (
     split_words,
     stem,
 )
-from gateway.settings import build_settings
+from gateway.config.servers import ConfigError
+from gateway.config.settings import build_settings
 
 MODEL = embedding.bundled()  # the `semantic` extra's model, which the dev install has
 MODELS = pytest.mark.parametrize("model", [None, MODEL], ids=["lexical", "fused"])

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from gateway.core.registry import Registry
 from gateway.downstream.server import Frontend
 from gateway.downstream.tools import MAX_REVEALED
-from gateway.registry import Registry
 
 pytestmark = pytest.mark.anyio
 

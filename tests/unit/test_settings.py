@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config import ConfigError
-from gateway.settings import DEFAULT_CONFIG, FILE_KEYS, build_settings, config_path, load
+from gateway.config.servers import ConfigError
+from gateway.config.settings import DEFAULT_CONFIG, FILE_KEYS, build_settings, config_path, load
 
 
 @pytest.fixture(autouse=True)

@@ -13,7 +13,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
-from gateway.upstream.stdio import MAX_LINE, MAX_STDERR_LINE, STDERR_BURST, LineSplitter, find_command, stdio_transport
+from gateway.upstream.transports.stdio import (
+    MAX_LINE,
+    MAX_STDERR_LINE,
+    STDERR_BURST,
+    LineSplitter,
+    find_command,
+    stdio_transport,
+)
 
 
 def feed_all(splitter: LineSplitter, chunks: list[bytes]) -> list[bytes]:

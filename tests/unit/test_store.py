@@ -17,11 +17,11 @@ import redis
 from structlog.testing import capture_logs
 
 from gateway.admin.servers import Runtime
-from gateway.admin.store import Store
-from gateway.admin.store.redis import KEY, RedisStore
-from gateway.admin.store.sqlite import SqliteStore
-from gateway.registry import Registry
-from gateway.settings import Settings
+from gateway.config.settings import Settings
+from gateway.core.registry import Registry
+from gateway.store import Store
+from gateway.store.redis import KEY, RedisStore
+from gateway.store.sqlite import SqliteStore
 from tests.fixtures.servers import free_port, stdio_spec
 
 pytestmark = pytest.mark.anyio
@@ -188,7 +188,7 @@ async def test_a_running_server_whose_row_turns_bad_keeps_running(tmp_path: Path
 
 @pytest.mark.parametrize("kind", ["memory", "sqlite", "redis"])
 async def test_records_put_only_new_and_read_back(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
-    from gateway.admin.store.memory import MemoryStore
+    from gateway.store.memory import MemoryStore
 
     store: Store
     if kind == "memory":
@@ -218,7 +218,7 @@ async def test_records_put_only_new_and_read_back(kind: str, tmp_path: Path, req
 
 
 async def test_a_corrupt_pin_row_is_set_aside_by_key(tmp_path: Path) -> None:
-    from gateway.pins import Pins
+    from gateway.policy.pins import Pins
 
     store = SqliteStore(str(tmp_path / "pins.db"))
     await store.start()
@@ -240,8 +240,8 @@ async def test_a_corrupt_pin_row_is_set_aside_by_key(tmp_path: Path) -> None:
 async def test_locks_are_exclusive_expire_and_release_only_their_own(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    from gateway.admin.store import StoreError, held
-    from gateway.admin.store.memory import MemoryStore
+    from gateway.store import StoreError, held
+    from gateway.store.memory import MemoryStore
 
     def open_one() -> Store:
         if kind == "memory":

@@ -12,10 +12,10 @@ import anyio
 import httpx2
 import pytest
 
-from gateway.admin.store import StoreError
-from gateway.admin.store.memory import MemoryStore
-from gateway.credentials import OAuthParams
-from gateway.upstream.errors import NoToken
+from gateway.config.credentials import OAuthParams
+from gateway.protocol.errors import NoToken
+from gateway.store import StoreError
+from gateway.store.memory import MemoryStore
 from gateway.upstream.tokens import BearerAuth, Token, Tokens
 
 pytestmark = pytest.mark.anyio

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.uritemplate import UriTemplate, overlaps
+from gateway.protocol.uritemplate import UriTemplate, overlaps
 
 # RFC 6570 section 3.2: the example variables (`keys` is an associative array, kept as ordered pairs).
 RFC_VARIABLES: dict[str, object] = {

@@ -9,12 +9,12 @@ import anyio
 import mcp.types as types
 import pytest
 
-from gateway.access import AuthConfig, TokenSpec
-from gateway.config import ConfigError, ServerSpec, parse_config
-from gateway.registry import NameTaken, Registry
-from gateway.settings import WorkerSettings, build_settings
-from gateway.upstream.workers import CONFLICT, MAX_REASON_BYTES, Refusal, WorkerPool, same_tools
-from gateway.worker import TOKEN_ENV, child_environment, derive_name, too_big_answer, workers_url
+from gateway.cli.worker import TOKEN_ENV, child_environment, derive_name, too_big_answer, workers_url
+from gateway.config.access import AuthConfig, TokenSpec
+from gateway.config.servers import ConfigError, ServerSpec, parse_config
+from gateway.config.settings import WorkerSettings, build_settings
+from gateway.core.registry import NameTaken, Registry
+from gateway.upstream.workerpool import CONFLICT, MAX_REASON_BYTES, Refusal, WorkerPool, same_tools
 
 
 @pytest.fixture
@@ -145,7 +145,7 @@ async def test_a_pool_lives_while_a_worker_holds_it_and_never_takes_another_serv
 async def test_departed_names_are_forgotten_after_a_while_or_beyond_the_bound() -> None:
     import time
 
-    from gateway.admin.store.memory import MemoryStore
+    from gateway.store.memory import MemoryStore
     from gateway.upstream.departures import KIND, Departures
 
     store = MemoryStore()

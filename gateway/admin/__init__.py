@@ -1,0 +1,1 @@
+"""Operators' HTTP handlers: the admin API (servers, pins, workers) and the health probes."""

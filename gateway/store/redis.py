@@ -1,0 +1,138 @@
+"""Runtime servers in Redis, shared by every replica; changes are announced with pub/sub."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import urlsplit
+
+import anyio
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from gateway.store import Loaded, Options, StoreError, decode_rows
+
+KEY = "manifold:servers"
+RECORDS = "manifold:records:"  # one hash per kind of record
+CHANNEL = "manifold:servers:changed"
+LOCKS = "manifold:lock:"
+# Delete the lock only while it is still this holder's: it may have expired and been taken by another.
+UNLOCK = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end"
+
+
+def _where(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.hostname}:{parts.port or 6379}{parts.path}"
+
+
+class RedisStore:
+    """A hash of name -> options JSON; every add and remove is published on a channel."""
+
+    kind = "redis"
+
+    def __init__(self, url: str) -> None:
+        self._where = _where(url)  # never the password
+        # Replies stay bytes: a stored value that is not UTF-8 must spoil only its own row (see `load`).
+        self._client: Any = aioredis.Redis.from_url(
+            url,
+            socket_connect_timeout=2,
+            socket_timeout=5,
+            health_check_interval=10,
+            decode_responses=False,
+        )
+
+    def _error(self, e: Exception) -> StoreError:
+        return StoreError(f"redis store {self._where}: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+
+    async def start(self) -> None:
+        try:
+            await self._client.ping()
+        except (RedisError, OSError) as e:
+            raise self._error(e) from None
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+    async def load(self) -> Loaded:
+        try:
+            raw = await self._client.hgetall(KEY)
+        except (RedisError, OSError) as e:
+            raise self._error(e) from None
+        return decode_rows(raw.items())
+
+    async def add(self, name: str, options: Options) -> bool:
+        try:
+            added = await self._client.hsetnx(KEY, name, json.dumps(options, sort_keys=True))
+            if added:
+                await self._client.publish(CHANNEL, f"add {name}")
+        except (RedisError, OSError) as e:
+            raise self._error(e) from None
+        return bool(added)
+
+    async def remove(self, name: str) -> bool:
+        try:
+            removed = await self._client.hdel(KEY, name)
+            if removed:
+                await self._client.publish(CHANNEL, f"remove {name}")
+        except (RedisError, OSError) as e:
+            raise self._error(e) from None
+        return bool(removed)
+
+    async def records(self, kind: str) -> Loaded:
+        try:
+            raw = await self._client.hgetall(RECORDS + kind)
+        except (RedisError, OSError) as e:
+            raise self._error(e) from None
+        return decode_rows(raw.items())
+
+    async def put_record(self, kind: str, key: str, value: Options, *, only_new: bool = False) -> bool:
+        text = json.dumps(value, sort_keys=True)
+        try:
+            if only_new:
+                written = bool(await self._client.hsetnx(RECORDS + kind, key, text))
+            else:
+                await self._client.hset(RECORDS + kind, key, text)
+                written = True
+            if written:
+                await self._client.publish(CHANNEL, f"{kind} {key}")
+        except (RedisError, OSError) as e:
+            raise self._error(e) from None
+        return written
+
+    async def delete_record(self, kind: str, key: str) -> bool:
+        try:
+            deleted = bool(await self._client.hdel(RECORDS + kind, key))
+            if deleted:
+                await self._client.publish(CHANNEL, f"{kind} {key}")
+        except (RedisError, OSError) as e:
+            raise self._error(e) from None
+        return deleted
+
+    async def lock(self, name: str, token: str, ttl: float) -> bool:
+        try:
+            return bool(await self._client.set(LOCKS + name, token, nx=True, px=max(1, int(ttl * 1000))))
+        except (RedisError, OSError) as e:
+            raise self._error(e) from None
+
+    async def unlock(self, name: str, token: str) -> None:
+        try:
+            await self._client.eval(UNLOCK, 1, LOCKS + name, token)
+        except (RedisError, OSError) as e:
+            raise self._error(e) from None
+
+    async def changes(self) -> AsyncIterator[str]:
+        """Yield on every published change, and once after each (re)subscription; retry while Redis is down."""
+        while True:
+            try:
+                pubsub = self._client.pubsub()
+                async with pubsub:
+                    await pubsub.subscribe(CHANNEL)
+                    yield "subscribed"
+                    async for message in pubsub.listen():
+                        if message.get("type") == "message":
+                            data = message.get("data")
+                            yield data.decode(errors="replace") if isinstance(data, bytes) else str(data)
+            except (RedisError, OSError) as e:
+                yield f"error: {self._error(e)}"
+                await anyio.sleep(1)
