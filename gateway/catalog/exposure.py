@@ -17,7 +17,7 @@ from gateway.catalog.merged import Catalog, Entry
 from gateway.catalog.search import ToolIndex
 
 if TYPE_CHECKING:
-    from gateway.catalog.embedding import StaticEmbedding
+    from gateway.catalog.embedding import Embedding
 
 Json = dict[str, Any]
 Exposure = Literal["direct", "deferred"]
@@ -28,6 +28,7 @@ DEFAULT_LIMIT = 5
 MAX_LIMIT = 50
 MAX_QUERY = 1000
 SYNC_SLICE = 256  # index updates between two yields to the event loop
+MODEL_SYNC_SLICE = 4  # with an embedding model, which embeds each tool it puts (a transformer takes ~15 ms a tool)
 
 SEARCH_DEFINITION: Json = {
     "name": SEARCH_TOOL,
@@ -163,10 +164,11 @@ def bad_input_result(tool: str, problem: str) -> Json:
 class Finder:
     """The search index over the catalog's served tools, kept in step with it."""
 
-    def __init__(self, catalog: Catalog, model: StaticEmbedding | None = None) -> None:
+    def __init__(self, catalog: Catalog, model: Embedding | None = None) -> None:
         """`model`: the embedding model fused with the lexical index (the `search_model` setting's; None: lexical)."""
         self.catalog = catalog
         self.index = ToolIndex(model=model)
+        self._slice = SYNC_SLICE if model is None else MODEL_SYNC_SLICE
         self._indexed: dict[str, Json] = {}
         self._version = -1  # the catalog's version the index is in step with
         self._lock = anyio.Lock()
@@ -177,13 +179,15 @@ class Finder:
             touched = self.catalog.changed_since(self._version)
             self._version = self.catalog.version
             if touched is not None:  # only the names the changes moved
-                for name in touched:
+                for n, name in enumerate(touched, 1):
                     entry = self.catalog.resolve(name)
                     if entry is None and self._indexed.pop(name, None) is not None:
                         self.index.remove(name)
                     elif entry is not None and self._indexed.get(name) != entry.tool:
                         self.index.put(name, entry.server, entry.tool)
                         self._indexed[name] = entry.tool
+                    if n % self._slice == 0:
+                        await anyio.sleep(0)
                 return
             entries = self.catalog.entries
             work = 0
@@ -191,7 +195,7 @@ class Finder:
                 self.index.remove(name)
                 del self._indexed[name]
                 work += 1
-                if work % SYNC_SLICE == 0:
+                if work % self._slice == 0:
                     await anyio.sleep(0)
             for name, entry in list(entries.items()):
                 if self._indexed.get(name) is entry.tool or self._indexed.get(name) == entry.tool:
@@ -199,7 +203,7 @@ class Finder:
                 self.index.put(name, entry.server, entry.tool)
                 self._indexed[name] = entry.tool
                 work += 1
-                if work % SYNC_SLICE == 0:
+                if work % self._slice == 0:
                     await anyio.sleep(0)
 
     def search(self, query: str, limit: int, allows: Callable[[Entry], bool], server: str | None) -> list[Entry]:

