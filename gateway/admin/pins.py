@@ -116,6 +116,14 @@ async def approve_tools(
         raise PinRefusal(409, str(e), changed=changed) from None
     except StoreError as e:
         raise PinRefusal(503, f"the store is unavailable: {e}") from None
+    if (audit := registry.metrics.audit) is not None:
+        audit.act(
+            "pins_approved",
+            server=server,
+            tools=[pin.tool for pin in approved],
+            digests={pin.tool: pin.digest for pin in approved},
+            reviewed=reviewed is not None,
+        )
     return {
         "server": server,
         "approved": [pin.tool for pin in approved],

@@ -113,6 +113,8 @@ class Runtime:
                 raise RuntimeError_(409, [f"a server named {spec.name!r} already exists"]) from None
             self._applied[spec.name] = options
         log.info("runtime server added", server=spec.name)
+        if (audit := self.registry.metrics.audit) is not None:
+            audit.act("server_added", server=spec.name, transport=spec.kind)
         return spec
 
     async def remove(self, name: str) -> None:
@@ -130,6 +132,8 @@ class Runtime:
             await self.registry.remove(name, source="runtime")
             self._applied.pop(name, None)
         log.info("runtime server removed", server=name)
+        if (audit := self.registry.metrics.audit) is not None:
+            audit.act("server_removed", server=name)
 
     async def _store_call(self, call: Any) -> Any:
         try:
@@ -235,8 +239,8 @@ class Runtime:
             if reason.startswith("error: "):
                 self._degraded(reason.removeprefix("error: "))
                 continue
-            if reason.startswith("oauth "):
-                continue  # a credential's tokens, renewed by a replica: read from the store when needed
+            if reason.startswith(("oauth ", "session ")):
+                continue  # a credential's tokens, renewed by a replica, or a 2025-era session (`downstream.replicas`)
             if not reason.startswith("pins "):
                 await self._reconcile_or_log()
             if reason.startswith("pins ") or reason == "subscribed":

@@ -164,6 +164,10 @@ def _serve(settings: Settings, config: FileConfig) -> int:
     except (Unsafe, ModelUnavailable) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except ConfigError as e:  # the tracing or audit settings, found wanting when the app is built
+        for problem in e.problems:
+            print(f"error: {problem}", file=sys.stderr)
+        return 1
     return 0
 
 

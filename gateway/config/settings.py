@@ -30,12 +30,13 @@ from gateway.config.access import ENDPOINT_NAME, LOOPBACK_HOSTS, AuthConfig, End
 from gateway.config.credentials import Credential
 from gateway.config.interpolate import MissingVariable, interpolate
 from gateway.config.servers import ConfigError, FileConfig, Sandbox, SandboxSpec, load_config
+from gateway.observe.tracing import TraceSampler
 
 DEFAULT_CONFIG = Path("config/manifold.yaml")
 LogFormat = Literal["auto", "json", "console"]
 CommaList = Annotated[list[str], NoDecode]
 
-SearchModel = Literal["none", "wordllama"]  # the `search_model` setting: lexical alone, or fused with WordLlama
+SearchModel = Literal["none", "wordllama", "minilm"]  # the `search_model` setting: lexical alone, or fused with a model
 
 
 class EgressSettings(BaseModel):
@@ -98,6 +99,39 @@ class WorkerSettings(BaseModel):
     max_departed: int = Field(default=1000, ge=0, description="departed names remembered; the longest gone go first")
 
 
+class TracingSettings(BaseModel):
+    """The `tracing:` block: OpenTelemetry traces over OTLP/HTTP (see `gateway/observe/tracing.py`). Every key is
+    optional; the standard OTEL_* variables win over it, and set alone they turn tracing on."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool | None = None  # None: on when OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT or OTEL_TRACES_EXPORTER=otlp
+    endpoint: str | None = None  # the OTLP/HTTP receiver (`/v1/traces` is added), e.g. http://collector:4318
+    headers: dict[str, str] = Field(default_factory=dict)  # sent with each export; `${VAR}` is filled in
+    service_name: str | None = None  # default `manifold`
+    sampler: TraceSampler | None = None  # default parentbased_always_on
+    sampler_arg: float | None = Field(default=None, ge=0, le=1)  # the ratio of the *traceidratio samplers
+    timeout: float | None = Field(default=None, gt=0)  # seconds one export may take
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, value: str | None) -> str | None:
+        if value is not None and (urlsplit(value).scheme not in ("http", "https") or not urlsplit(value).hostname):
+            raise ValueError("expected the http(s) URL of an OTLP/HTTP receiver, e.g. http://127.0.0.1:4318")
+        return value
+
+
+class AuditSettings(BaseModel):
+    """The `audit:` block: one JSON line per tool call and per administrative act (`gateway/observe/audit.py`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = False
+    path: str = "-"  # a file, appended to (created 0600), or "-" for stdout
+    queue: int = Field(default=10_000, ge=1)  # records waiting for the writer; beyond, new ones are dropped and counted
+    digest_key: SecretStr | None = Field(default=None, min_length=16)  # keys the arguments' digest (HMAC-SHA256)
+
+
 class Settings(BaseSettings):
     """How the process runs. Every field can also be set in the config file or as `MANIFOLD_<FIELD>`."""
 
@@ -137,10 +171,12 @@ class Settings(BaseSettings):
     max_conversation_instances: int = Field(256, ge=1)
     handover: HandoverSettings = Field(default_factory=HandoverSettings)
     exposure: Exposure = "direct"
-    search_model: SearchModel = "none"  # "wordllama": fuse the tool search with the `semantic` extra's model
+    search_model: SearchModel = "none"  # "minilm" or "wordllama": fuse the tool search with that extra's model
     fast_path: bool = True
     workers: WorkerSettings = Field(default_factory=WorkerSettings)
     sandbox: Annotated[Sandbox, NoDecode] = Field(default_factory=SandboxSpec)  # stdio servers' default policy
+    tracing: TracingSettings = Field(default_factory=TracingSettings)
+    audit: AuditSettings = Field(default_factory=AuditSettings)
 
     @property
     def resource_url(self) -> str:
@@ -224,8 +260,8 @@ def load(cli: Mapping[str, Any]) -> tuple[Settings, FileConfig]:
 
 
 def _fill(values: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
-    """`${VAR}` in the file's `admin_token`, `store`, `confirm_key`, `oauth_key` and token secrets (credentials
-    are filled when used)."""
+    """`${VAR}` in the file's `admin_token`, `store`, `confirm_key`, `oauth_key`, token secrets, `tracing.headers`
+    and `audit.digest_key` (credentials are filled when used)."""
     filled = dict(values)
     problems = []
     for key in ("admin_token", "store", "confirm_key", "oauth_key"):
@@ -234,6 +270,18 @@ def _fill(values: Mapping[str, Any], environ: Mapping[str, str] = os.environ) ->
                 filled[key] = interpolate(filled[key], environ)
             except MissingVariable as e:
                 problems.append(f"{key}: {e}")
+    for block, keys in (("tracing", ("headers",)), ("audit", ("digest_key",))):
+        section = filled.get(block)
+        for key in keys:
+            value = section.get(key) if isinstance(section, dict) else None
+            try:
+                if isinstance(value, str):
+                    filled[block] = section = {**section, key: interpolate(value, environ)}  # type: ignore[dict-item]
+                elif isinstance(value, dict):
+                    values = {k: interpolate(v, environ) if isinstance(v, str) else v for k, v in value.items()}
+                    filled[block] = section = {**section, key: values}  # type: ignore[dict-item]
+            except MissingVariable as e:
+                problems.append(f"{block}.{key}: {e}")
     auth = filled.get("auth")
     if isinstance(auth, dict) and isinstance(auth.get("tokens"), list):
         tokens = []

@@ -133,6 +133,11 @@ class HandOver:
                 if isinstance(name, str):
                     named.add(name)
                 tg.start_soon(self._one, report, index, entry, conversation, owner, may_add)
+        if (audit := self.registry.metrics.audit) is not None:
+            for item in report:
+                status = item.get("status", "failed")
+                outcome = "ok" if status != "failed" else "refused"
+                audit.act("handover", who=owner, outcome=outcome, server=item.get("name"), status=status)
         return report
 
     async def _one(

@@ -22,7 +22,7 @@ from gateway.observe.logs import get_logger
 from gateway.policy.access import TokenTable
 from gateway.protocol.naming import reserved_problem
 from gateway.upstream.departures import Departures
-from gateway.upstream.workerpool import (
+from gateway.upstream.transports.websocket import (
     BAD_REQUEST,
     CONFLICT,
     FORBIDDEN,
@@ -30,8 +30,8 @@ from gateway.upstream.workerpool import (
     UNAUTHORIZED,
     Refusal,
     SocketEnd,
-    WorkerLink,
 )
+from gateway.upstream.workerpool import WorkerLink
 
 log = get_logger("workers")
 CLOSED = Refusal(1000, "closed", "closed")
@@ -106,7 +106,7 @@ class WorkerDoor:
         )
         refusal = self.check(token, name)
         if refusal is not None or token is None:
-            await self._refused(socket, refusal or CLOSED, name[:64])
+            await self._refused(socket, refusal or CLOSED, name[:64], token.name if token is not None else "")
             return
         link: WorkerLink | None = None
         offered = self._names[token.name]
@@ -136,7 +136,7 @@ class WorkerDoor:
                 with anyio.CancelScope(shield=True):
                     await self.departures.left(name)
         if refusal is not None or link is None:
-            await self._refused(socket, refusal or CLOSED, name)
+            await self._refused(socket, refusal or CLOSED, name, token.name)
             return
         ending = link.refusal or socket.problem or CLOSED
         if link.admitted:
@@ -147,9 +147,14 @@ class WorkerDoor:
         else:
             self.registry.metrics.count_worker_refusal(ending.kind if ending is not CLOSED else "failed")
             log.warning("worker not admitted", server=name, worker=link.id, reason=link.error or ending.reason)
+            if (audit := self.registry.metrics.audit) is not None:
+                kind = ending.kind if ending is not CLOSED else "failed"
+                audit.act("worker_refused", who=token.name, outcome="refused", server=name, reason=kind)
         await socket.close(ending)
 
-    async def _refused(self, socket: SocketEnd, refusal: Refusal, name: str) -> None:
+    async def _refused(self, socket: SocketEnd, refusal: Refusal, name: str, who: str = "") -> None:
         self.registry.metrics.count_worker_refusal(refusal.kind)
         log.warning("worker refused", server=name, reason=refusal.reason, code=refusal.code)
+        if (audit := self.registry.metrics.audit) is not None:
+            audit.act("worker_refused", who=who, outcome="refused", server=name, reason=refusal.kind)
         await socket.close(refusal)

@@ -10,7 +10,7 @@ from mcp import MCPError
 from mcp.server import ServerRequestContext
 
 from gateway.core.conversations import conversation_key
-from gateway.downstream.gate import owner_of, view_of
+from gateway.downstream.gate import owner_of, subject_of, view_of
 from gateway.downstream.sessions import Sessions
 from gateway.policy.access import OPEN_VIEW, View
 from gateway.protocol.era import Era
@@ -76,6 +76,7 @@ def call_context(ctx: Ctx, caller: Caller | None) -> CallContext:
         endpoint=request_view(ctx).endpoint,
         who=request_view(ctx).name,
         progress=ProgressRelay(ctx) if wants_progress else None,
+        subject=subject_of(request_owner(ctx)),
     )
 
 

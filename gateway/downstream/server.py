@@ -32,6 +32,7 @@ from gateway.downstream.sessions import Sessions
 from gateway.downstream.tasks import TaskHandlers
 from gateway.downstream.tools import ToolHandlers
 from gateway.internals.sdk import REPLAYED
+from gateway.observe import tracing
 from gateway.observe.logs import get_logger
 from gateway.policy.access import OPEN_VIEW, View
 from gateway.policy.egress import EgressPolicy
@@ -40,7 +41,7 @@ from gateway.relay.asks import asks_through
 from gateway.relay.callers import declared_capabilities
 
 if TYPE_CHECKING:
-    from gateway.catalog.embedding import StaticEmbedding
+    from gateway.catalog.embedding import Embedding
 
 log = get_logger("server")
 FRESH = CacheHint(ttl_ms=0, scope="private")
@@ -59,7 +60,7 @@ class Frontend:
         views: Sequence[View] = (OPEN_VIEW,),
         confirm_key: bytes | None = None,
         exposure: Exposure = "direct",
-        search_model: StaticEmbedding | None = None,
+        search_model: Embedding | None = None,
     ) -> None:
         self.registry = registry
         self.views = {view.name: view for view in views}
@@ -130,8 +131,11 @@ class Frontend:
         add("tasks/update", types.RequestParams, tasks.update)
         add("tasks/list", types.PaginatedRequestParams, tasks.listing)
         add("manifold/servers/add", types.RequestParams, self._hand_over)
-        # The OpenTelemetry middleware costs CPU on every call and exports nothing without a collector.
+        # The SDK's OpenTelemetry middleware costs CPU on every call and exports nothing without a collector; the
+        # gateway's own (`_trace`, with tracing on only) makes the server span of each request.
         self.server.middleware = [self._track_sessions]
+        if tracing.ACTIVE is not None:
+            self.server.middleware.insert(0, self._trace)
 
     @property
     def draining(self) -> bool:
@@ -175,6 +179,32 @@ class Frontend:
         if any(r["status"] == "started" for r in report):
             await self.broadcast_tools_changed()
         return {"servers": report}
+
+    async def _trace(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+        """A SERVER span per request the SDK's server serves (tracing on only; `observe.tracing`): a child of the
+        caller's context in `_meta`, else of its `traceparent` header. Not for notifications, nor for a
+        `subscriptions/listen` stream (it lasts as long as the caller listens)."""
+        tracer = tracing.ACTIVE
+        if tracer is None or ctx.request_id is None or ctx.method == "subscriptions/listen":
+            return await call_next(ctx)
+        params = ctx.params if isinstance(ctx.params, dict) else None
+        view = request_view(ctx)
+        with tracer.request(
+            ctx.method,
+            params,
+            ctx.request.headers if ctx.request is not None else None,
+            version=ctx.protocol_version,
+            session_id=legacy_session(ctx),
+            request_id=ctx.request_id,
+            endpoint=view.endpoint,
+            caller=view.name,
+            path="sdk",
+        ):
+            try:
+                return await call_next(ctx)
+            except MCPError as e:
+                tracing.note_failure(e.code)
+                raise
 
     async def _track_sessions(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
         if ctx.request is None or REPLAYED not in ctx.request.headers:  # a woken session's handshake counted once

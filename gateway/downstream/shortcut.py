@@ -7,7 +7,7 @@ field it understands, as one `application/json` body, and hands everything else 
 handshakes, listen streams, progress, confirmations, cursors and malformed envelopes.
 
 Which requests it may take is its own rule (`_answer`'s checks: anything it cannot serve exactly as the
-SDK path would goes there); admission is `gateway.core.calls`', forwarding and result shaping `relay.forward`'s,
+SDK path would goes there); admission is `gateway.core.calls`', forwarding and result shaping `core.forward`'s,
 the listing `downstream.listing`'s, sessions `downstream.sessions`'.
 """
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from typing import Any
 from uuid import uuid4
 
@@ -35,11 +36,13 @@ from gateway.catalog.merged import Entry
 from gateway.core.calls import admit
 from gateway.core.conversations import conversation_key
 from gateway.core.forward import forward, tool_request
-from gateway.downstream.gate import MESSAGE_KEY, owner_of, view_of
+from gateway.downstream.gate import MESSAGE_KEY, owner_of, subject_of, view_of
 from gateway.downstream.server import Frontend
 from gateway.downstream.sessions import asks_capabilities
 from gateway.downstream.tools import plain_call
+from gateway.observe import tracing
 from gateway.observe.logs import get_logger
+from gateway.policy.access import View
 from gateway.protocol.era import Era
 from gateway.protocol.jsonrpc import INTERNAL_ERROR, REQUEST_CANCELLED, encode
 from gateway.relay.context import CallContext
@@ -235,7 +238,11 @@ class Shortcut:
             if self.frontend.sessions.revealed(session_id):
                 return False  # a search added tools to this session's listing
             self.registry.metrics.count_request(method)
-            await _respond(send, self.frontend.listings.body(view, version), request_id, 200, session_id)
+            listing = tracing.NO_SPAN
+            if tracing.ACTIVE is not None:
+                listing = self._traced(method, params, headers, version, session_id, request_id, view)
+            with listing:
+                await _respond(send, self.frontend.listings.body(view, version), request_id, 200, session_id)
             return True
         name, arguments = params.get("name"), params.get("arguments")
         if not (params.keys() <= CALL_PARAMS and isinstance(name, str)):
@@ -259,7 +266,10 @@ class Shortcut:
         call_scope = anyio.CancelScope()
         watch = DisconnectWatch(receive, call_scope)
         try:
-            with self.frontend.tracking_call(), call_scope:
+            traced = tracing.NO_SPAN  # off: one None check, nothing allocated
+            if tracing.ACTIVE is not None:
+                traced = self._traced(method, params, headers, version, session_id, request_id, view)
+            with self.frontend.tracking_call(), call_scope, traced:
                 if key is not None:
                     self._legacy_calls[key] = call_scope
                 try:
@@ -272,14 +282,17 @@ class Shortcut:
                         headers=headers,
                         endpoint=view.endpoint,
                         who=view.name,
+                        subject=subject_of(owner_of(scope.get("state"))),
                     )
                     wire = tool_request(entry, arguments, meta)
                     result = await forward(self.registry, call, entry.server, "tools/call", wire, entry)
                 except MCPError as e:
                     failure = e
+                    tracing.note_failure(e.code)
                 except Exception as e:
                     log.error("shortcut call failed", request_id=request_id, reason=repr(e)[:300])
                     failure, broken = MCPError(INTERNAL_ERROR, "Internal error"), True
+                    tracing.note_failure(INTERNAL_ERROR)
                 finally:
                     if key is not None and self._legacy_calls.get(key) is call_scope:
                         del self._legacy_calls[key]
@@ -297,6 +310,31 @@ class Shortcut:
             error = {"code": REQUEST_CANCELLED, "message": "Request cancelled"}
             await _respond(send, encode(error), request_id, 200, session_id, key=b"error")
         return True
+
+    def _traced(
+        self,
+        method: str,
+        params: Json,
+        headers: Mapping[str, str],
+        version: str,
+        session_id: str | None,
+        request_id: Any,
+        view: View,
+    ) -> AbstractContextManager[Any]:
+        """The request's SERVER span, current while it is served (tracing on only)."""
+        tracer = tracing.ACTIVE
+        assert tracer is not None
+        return tracer.request(
+            method,
+            params,
+            headers,
+            version=version,
+            session_id=session_id,
+            request_id=request_id,
+            endpoint=view.endpoint,
+            caller=view.name,
+            path="shortcut",
+        )
 
     def _binds_headers(self, entry: Entry) -> bool:
         """Whether the tool's input schema binds an argument to an `Mcp-Param-*` header (`x-mcp-header`); only

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from gateway import __version__
+
+if TYPE_CHECKING:
+    from gateway.observe.audit import AuditLog
 
 KNOWN_METHODS = frozenset(
     {
@@ -182,6 +185,11 @@ class Metrics:
             ["where"],
             registry=r,
         )
+        self.audit_dropped = Counter(
+            "manifold_audit_dropped",
+            "Audit log records dropped because the writer's queue was full (a call never waits for its audit line)",
+            registry=r,
+        )
         self.build_info = Gauge("manifold_build_info", "Always 1; the version is a label", ["version"], registry=r)
         self.build_info.labels(__version__).set(1)
         for where in ("upstream", "worker"):
@@ -191,6 +199,8 @@ class Metrics:
         self._children: dict[tuple[str, ...], Any] = {}  # labelled series, looked up once each
         # Told of each tool call recorded (server, tool, outcome, seconds or None, who); must return at once.
         self.on_call: Callable[[str, str, str, float | None, str], None] | None = None
+        # The audit log, when one is kept (`audit:`): told of each tool call recorded, and of administrative acts.
+        self.audit: AuditLog | None = None
         self._servers: set[str] = set()
         self._degraded: set[tuple[str, str]] = set()
         # Every metric with a `server` label, and its label names in order.
@@ -244,11 +254,37 @@ class Metrics:
         self._child(self.downstream_requests, "requests", label).inc()
 
     def record_call(
-        self, server: str, tool: str, outcome: str, seconds: float | None = None, endpoint: str = "", who: str = ""
+        self,
+        server: str,
+        tool: str,
+        outcome: str,
+        seconds: float | None = None,
+        endpoint: str = "",
+        who: str = "",
+        *,
+        arguments: Mapping[str, Any] | None = None,
+        trace_id: str | None = None,
+        request_id: Any = None,
+        subject: str | None = None,
     ) -> None:
         """Count one tool call by outcome and endpoint, and time it when `seconds` is given (not for a removed
         server, whose series are gone: a call that ends after its server was removed must not bring them back);
-        `who` (the caller's view) is told to `on_call` only, never a label."""
+        `who` (the caller's view) is told to `on_call` only, never a label. The audit log (when kept) gets the call
+        whatever its server's fate, with a digest of `arguments` (never them), its trace id and the OAuth
+        `subject` when there is one."""
+        if self.audit is not None:
+            self.audit.call(
+                who=who,
+                endpoint=endpoint,
+                server=server,
+                tool=tool,
+                outcome=outcome,
+                duration=seconds,
+                arguments=arguments,
+                trace_id=trace_id,
+                request_id=request_id,
+                subject=subject,
+            )
         if server not in self._servers:
             return
         self._child(self.tool_calls, "calls", server, tool, outcome, endpoint).inc()

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ValidationError
 
 from gateway.catalog.labels import META_PREFIX
 from gateway.config.servers import ServerSpec
+from gateway.observe import tracing
 from gateway.observe.logs import get_logger
 from gateway.policy.bucket import Throttle
 
@@ -155,8 +156,13 @@ class Callers:
         marked = {**(meta if isinstance(meta, dict) else {}), f"{META_PREFIX}server": server}
         marked[f"{META_PREFIX}trust"] = "trusted" if self._spec.trusted else "outside"
         log.info("server request relayed", server=server, method=method)
-        with anyio.fail_after(self._spec.timeout):
-            return await caller.ask(method, {**params, "_meta": marked})
+        tracer = tracing.ACTIVE
+        if tracer is None:
+            with anyio.fail_after(self._spec.timeout):
+                return await caller.ask(method, {**params, "_meta": marked})
+        with tracer.internal(f"relay {method}", {"mcp.method.name": method, "manifold.server": server}):
+            with anyio.fail_after(self._spec.timeout):
+                return await caller.ask(method, {**params, "_meta": marked})
 
     async def log(self, params: Json) -> None:
         """Pass a log line to the caller in flight, naming the server; dropped when there is none."""

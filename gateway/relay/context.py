@@ -19,7 +19,7 @@ class CallContext:
     belongs to (its handed-over servers and `isolation: conversation` connections); `headers` the caller's
     HTTP headers with lower-case names (what `forward_headers` passes on); `endpoint` the view's endpoint
     (a metric label) and `who` the view's name (an API token's, an OAuth rule's); `progress` where the server's
-    progress notices go.
+    progress notices go; `subject` an OAuth caller's subject.
     """
 
     version: str
@@ -30,3 +30,4 @@ class CallContext:
     endpoint: str = ""
     who: str = ""
     progress: ProgressRelay | None = None
+    subject: str | None = None  # an OAuth token's subject (the audit log's), when the caller has one

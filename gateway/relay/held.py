@@ -23,6 +23,8 @@ import anyio
 import mcp.types as types
 from mcp import MCPError
 
+from gateway.observe import tracing
+
 Json = dict[str, Any]
 STATE_PREFIX = "manifold-held:"
 GATHER_SECONDS = 0.05  # requests a server sends together are put to the caller together
@@ -141,8 +143,9 @@ class HeldCalls:
 
     async def run(self, held: Held, call: Callable[[], Awaitable[Json]]) -> None:
         """The held call's own task: run the call to its end (or its deadline), then wake whoever waits."""
+        tracer = tracing.ACTIVE
         try:
-            with held.scope:
+            with held.scope, tracer.internal("held call") if tracer is not None else tracing.NO_SPAN:
                 held.result = await call()
             if held.scope.cancelled_caught:
                 held.error = MCPError(types.REQUEST_TIMEOUT, "the call was held for answers that never came")

@@ -28,6 +28,7 @@ import anyio
 import httpx2
 
 from gateway.config.credentials import OAuthParams
+from gateway.observe import tracing
 from gateway.observe.logs import get_logger
 from gateway.observe.metrics import Metrics
 from gateway.protocol.errors import NoToken
@@ -152,7 +153,16 @@ class Tokens:
         return url
 
     async def request(self, params: OAuthParams, form: dict[str, str]) -> Grant:
-        """POST one grant to the token endpoint, authenticated as the client. Raises `NoToken` saying why."""
+        """POST one grant to the token endpoint, authenticated as the client. Raises `NoToken` saying why. With
+        tracing on, in an `oauth.token` span (its credential and grant; never a secret or a token)."""
+        tracer = tracing.ACTIVE
+        if tracer is None:
+            return await self._request(params, form)
+        attributes = {"manifold.credential": params.credential, "manifold.grant": form["grant_type"]}
+        with tracer.internal("oauth.token", attributes):
+            return await self._request(params, form)
+
+    async def _request(self, params: OAuthParams, form: dict[str, str]) -> Grant:
         grant = form["grant_type"]
         token_url = await self.endpoint(params, "token_endpoint")
         body = dict(form)

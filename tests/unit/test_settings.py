@@ -53,6 +53,8 @@ def test_file_keys():
         "workers",
         "handover",
         "sandbox",
+        "tracing",
+        "audit",
     }
     assert frozenset(expected) == FILE_KEYS
 
@@ -181,3 +183,40 @@ def test_load_rejects_unknown_file_keys(tmp_path):
     with pytest.raises(ConfigError) as info:
         load({"config": str(path)})
     assert info.value.problems[0].startswith("prot: unknown key")
+
+
+def test_tracing_and_audit_blocks(tmp_path, monkeypatch):
+    path = tmp_path / "m.yaml"
+    path.write_text(
+        "tracing:\n  endpoint: http://127.0.0.1:4318\n  headers: {x-key: '${COLLECTOR_KEY}'}\n"
+        "  sampler: parentbased_traceidratio\n  sampler_arg: 0.01\n"
+        "audit: {enabled: true, path: /var/log/manifold/audit.jsonl, digest_key: '${AUDIT_KEY}'}\n"
+    )
+    monkeypatch.setenv("COLLECTOR_KEY", "collector-secret")
+    monkeypatch.setenv("AUDIT_KEY", "k" * 32)
+    settings, _ = load({"config": str(path)})
+    assert settings.tracing.headers == {"x-key": "collector-secret"}
+    assert settings.tracing.sampler == "parentbased_traceidratio" and settings.tracing.sampler_arg == 0.01
+    assert settings.audit.enabled and settings.audit.digest_key is not None
+    assert settings.audit.digest_key.get_secret_value() == "k" * 32
+    assert "k" * 32 not in repr(settings.audit)
+    # off by default
+    assert build_settings({}, {}).tracing.enabled is None and not build_settings({}, {}).audit.enabled
+
+
+def test_tracing_and_audit_problems_have_places(tmp_path, monkeypatch):
+    monkeypatch.delenv("NO_SUCH_VAR", raising=False)
+    path = tmp_path / "m.yaml"
+    path.write_text(
+        "tracing: {endpoint: 'ftp://x', sampler: sometimes, sampler_arg: 2, colour: red}\n"
+        "audit: {queue: 0, digest_key: short}\n"
+    )
+    with pytest.raises(ConfigError) as info:
+        load({"config": str(path)})
+    places = {p.split(":")[0] for p in info.value.problems}
+    assert {"tracing.endpoint", "tracing.sampler", "tracing.sampler_arg", "tracing.colour"} <= places
+    assert {"audit.queue", "audit.digest_key"} <= places
+    path.write_text("tracing: {headers: {x-key: '${NO_SUCH_VAR}'}}\n")
+    with pytest.raises(ConfigError) as info:
+        load({"config": str(path)})
+    assert info.value.problems[0].startswith("tracing.headers: ") and "NO_SUCH_VAR" in info.value.problems[0]
