@@ -14,7 +14,7 @@ from starlette.routing import Route
 from gateway.admin.pins import pin_handlers
 from gateway.admin.servers import Runtime, RuntimeError_
 from gateway.core.registry import Registry
-from gateway.upstream.connection import Upstream
+from gateway.upstream.server import UpstreamServer
 from gateway.upstream.workerpool import WorkerPool
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -46,7 +46,7 @@ async def read_capped(request: Request, limit: int) -> bytes | None:
     return b"".join(chunks)
 
 
-def describe_server(upstream: Upstream, registry: Registry, *, with_tools: bool = False) -> dict[str, Any]:
+def describe_server(upstream: UpstreamServer, registry: Registry, *, with_tools: bool = False) -> dict[str, Any]:
     """A server as the admin API shows it: never its headers, env or credential values."""
     spec = upstream.spec
     body: dict[str, Any] = {**upstream.status(), "source": upstream.source, "transport": spec.kind}
@@ -66,7 +66,7 @@ def describe_server(upstream: Upstream, registry: Registry, *, with_tools: bool 
     return body
 
 
-def reconnect_server(registry: Registry, name: str) -> Upstream:
+def reconnect_server(registry: Registry, name: str) -> UpstreamServer:
     """Drop a server's connection and connect again at once (a server that is down tries again now, without
     waiting out its backoff); `RuntimeError_` for an unknown name, a disabled server or one offered by workers."""
     upstream = registry.upstreams.get(name)
@@ -77,6 +77,8 @@ def reconnect_server(registry: Registry, name: str) -> Upstream:
     if upstream.spec.disabled:
         raise RuntimeError_(409, [f"server {name!r} is disabled in the config file"])
     upstream.reconnect()
+    if (audit := registry.metrics.audit) is not None:
+        audit.act("server_reconnected", server=name)
     return upstream
 
 

@@ -32,7 +32,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from gateway.observe.logs import get_logger
 from gateway.policy.backoff import Backoff
 from gateway.upstream.transports.stdio import find_command
-from gateway.upstream.workerpool import FATAL
+from gateway.upstream.transports.websocket import FATAL
 
 log = get_logger("worker")
 TOKEN_ENV = "MANIFOLD_WORKER_TOKEN"

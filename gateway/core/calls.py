@@ -2,7 +2,7 @@
 
 `admit` decides whether a caller may call a name (resolve, view, held by its pin, draining);
 `call_tool` serves a `tools/call` that came through the SDK's server: admit, confirm a gated call,
-then `relay.forward`. The shortcut (`downstream/shortcut.py`) admits and forwards the same way, so
+then `core.forward`. The shortcut (`downstream/shortcut.py`) admits and forwards the same way, so
 the two differ only in plumbing.
 """
 

@@ -21,9 +21,11 @@ from gateway.protocol.naming import sanitise
 from gateway.store import Store, StoreError
 from gateway.store.memory import MemoryStore
 from gateway.upstream.connection import Upstream
-from gateway.upstream.legacy import LegacySessions, wants_legacy
+from gateway.upstream.legacy import LegacySessions, two_eras, wants_legacy
+from gateway.upstream.server import UpstreamServer
 from gateway.upstream.tokens import Tokens
-from gateway.upstream.workerpool import CONFLICT, Refusal, WorkerPool
+from gateway.upstream.transports.websocket import CONFLICT, Refusal
+from gateway.upstream.workerpool import WorkerPool
 
 log = get_logger("registry")
 Listener = Callable[[], Awaitable[None]]
@@ -60,7 +62,7 @@ class Registry:
         self.tokens = tokens or Tokens(store, oauth_key, self.metrics)
         self.conversations = Conversations(self.metrics, fast=fast)
         self.legacy = LegacySessions()
-        self.upstreams: dict[str, Upstream] = {}
+        self.upstreams: dict[str, UpstreamServer] = {}
         self._environ = environ
         self._credentials = credentials or {}
         self._published: dict[str, tuple[Json, ...]] = {}
@@ -90,23 +92,24 @@ class Registry:
             fast=self._fast,
             tokens=self.tokens,
         )
-        return self._register(upstream)
+        self._register(upstream)
+        return upstream
 
-    def _register(self, upstream: Upstream) -> Upstream:
+    def _register(self, upstream: UpstreamServer) -> UpstreamServer:
         self.metrics.add_server(upstream.name)
         upstream.on_resource_updated = self._resource_updated
         self._ranks.setdefault(upstream.name, len(self._ranks))
         self.upstreams[upstream.name] = upstream
         return upstream
 
-    def _start(self, upstream: Upstream) -> None:
+    def _start(self, upstream: UpstreamServer) -> None:
         """Schedule the owner task. Its cancel scope exists from now on, so a removal before the task has
         run still stops it (the task then returns without connecting)."""
         assert self._tg is not None, "the registry is not running"
         scope = upstream.scope = anyio.CancelScope()
         self._tg.start_soon(self._own, upstream, scope, name=f"upstream:{upstream.name}")
 
-    async def _own(self, upstream: Upstream, scope: anyio.CancelScope) -> None:
+    async def _own(self, upstream: UpstreamServer, scope: anyio.CancelScope) -> None:
         try:
             if scope.cancel_called:
                 return  # removed before this task ran
@@ -115,12 +118,12 @@ class Registry:
         finally:
             upstream.stopped.set()
 
-    async def add(self, spec: ServerSpec, source: str, egress: EgressPolicy | None = None) -> Upstream:
+    async def add(self, spec: ServerSpec, source: str, egress: EgressPolicy | None = None) -> UpstreamServer:
         """Start a new server at once (its tools appear when it is up); `NameTaken` if the name is in use."""
         async with self._changing:
             return self._add(spec, source, egress)
 
-    def _add(self, spec: ServerSpec, source: str, egress: EgressPolicy | None) -> Upstream:
+    def _add(self, spec: ServerSpec, source: str, egress: EgressPolicy | None) -> UpstreamServer:
         if spec.name in self.upstreams:
             raise NameTaken(spec.name)
         assert self._tg is not None, "the registry is not running"
@@ -166,7 +169,7 @@ class Registry:
 
     async def replace(
         self, spec: ServerSpec, source: str, egress: EgressPolicy | None = None, *, replacing: str | None = None
-    ) -> Upstream:
+    ) -> UpstreamServer:
         """Restart a server with new options (or start it, if there is none by that name). With `replacing`,
         only a server of that source is replaced: one of another source raises `NameTaken`."""
         async with self._changing:
@@ -229,7 +232,7 @@ class Registry:
         """Call `listener(server, uri)` when a server says one of its resources changed."""
         self._update_listeners.append(listener)
 
-    async def _resource_updated(self, upstream: Upstream, uri: str) -> None:
+    async def _resource_updated(self, upstream: UpstreamServer, uri: str) -> None:
         for listener in self._update_listeners:
             try:
                 await listener(upstream.name, uri)
@@ -239,21 +242,30 @@ class Registry:
     @asynccontextmanager
     async def connection(
         self,
-        upstream: Upstream,
+        upstream: UpstreamServer,
         version: str,
         capabilities: Mapping[str, Any] | None,
         tool: str | None = None,
         conversation: str | None = None,
-    ) -> AsyncIterator[Upstream]:
+        *,
+        plain: bool = False,
+    ) -> AsyncIterator[UpstreamServer]:
         """The connection a request to `upstream`'s server takes: `conversation`'s own (`isolation:
         conversation`), a 2025-era session beside a 2026 one for a 2025-era caller with these `capabilities`
-        (None: no caller to ask; see `gateway.upstream.legacy`), or the server's shared connection."""
-        if upstream.spec.isolation == "conversation" and conversation is not None:
-            async with self.conversations.using(upstream, conversation) as own:
-                yield own
-            return
-        if capabilities is not None and wants_legacy(upstream, version, capabilities):
-            upstream = await self.legacy.serving(upstream, tool)
+        (None: no caller to ask; see `gateway.upstream.legacy`), the era its tool answers faster in for a `plain`
+        call (a tool call whose caller can be asked nothing; see `gateway.upstream.eras`), or the server's shared
+        connection."""
+        if isinstance(upstream, Upstream):  # worker pools have neither conversations nor 2025-era sessions
+            if upstream.spec.isolation == "conversation" and conversation is not None:
+                async with self.conversations.using(upstream, conversation) as own:
+                    yield own
+                return
+            if capabilities is not None and wants_legacy(upstream, version, capabilities):
+                upstream = await self.legacy.serving(upstream, tool)
+            elif plain and tool is not None and two_eras(upstream):
+                with self.legacy.plain(upstream, tool) as serving:
+                    yield serving
+                return
         yield upstream
 
     @asynccontextmanager
@@ -302,7 +314,7 @@ class Registry:
             for upstream in self.upstreams.values():
                 await upstream.settled.wait()
 
-    async def _upstream_changed(self, upstream: Upstream) -> None:
+    async def _upstream_changed(self, upstream: UpstreamServer) -> None:
         up = upstream.state is State.UP
         tools = upstream.tools if up else ()
         if up:

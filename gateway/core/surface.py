@@ -2,7 +2,7 @@
 
 Each request is admitted against the caller's view (a prompt or resource of a server outside the
 view is unknown, with the same answer as one that does not exist) and routed to its server, then
-sent by `relay.forward` as tool calls are: the server's slots and deadline, labels, era shaping.
+sent by `core.forward` as tool calls are: the server's slots and deadline, labels, era shaping.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from gateway.policy.access import View
 from gateway.protocol.era import Era
 from gateway.protocol.errors import CallFailed, State, describe
 from gateway.relay.context import CallContext
-from gateway.upstream.connection import Upstream
+from gateway.upstream.server import UpstreamServer
 
 if TYPE_CHECKING:
     from gateway.core.registry import Registry
@@ -125,7 +125,7 @@ async def set_level(registry: Registry, view: View, level: str) -> None:
             log.info("log level not passed on", server=upstream.name, reason=describe(e))
 
 
-def _logs(upstream: Upstream) -> bool:
+def _logs(upstream: UpstreamServer) -> bool:
     return (
         upstream.state is State.UP and upstream.offers.has("logging") and not Era.of(upstream.protocol_version).modern
     )

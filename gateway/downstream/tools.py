@@ -49,7 +49,7 @@ from gateway.relay.held import HeldCalls
 from gateway.upstream.connection import Upstream
 
 if TYPE_CHECKING:
-    from gateway.catalog.embedding import StaticEmbedding
+    from gateway.catalog.embedding import Embedding
 
 Json = dict[str, Any]
 Ctx = ServerRequestContext[Any]
@@ -93,7 +93,7 @@ class ToolHandlers:
         inflight: InFlight,
         deferred: Callable[[View], bool],
         confirm_key: bytes,
-        search_model: StaticEmbedding | None = None,
+        search_model: Embedding | None = None,
     ) -> None:
         self.registry = registry
         self.sessions = sessions
@@ -190,7 +190,7 @@ class ToolHandlers:
         if entry is None or not view.allows(entry) or view.confirms(entry):
             return None
         upstream = self.registry.upstreams.get(entry.server)
-        if upstream is None or upstream.state is not State.UP or not upstream.serving:
+        if not isinstance(upstream, Upstream) or upstream.state is not State.UP or not upstream.serving:
             return None
         return None if Era.of(upstream.protocol_version).modern else upstream
 

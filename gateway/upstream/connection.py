@@ -10,11 +10,10 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
-from datetime import UTC, datetime
 from types import TracebackType
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import anyio
 import mcp.types as types
@@ -28,20 +27,25 @@ from mcp.shared.subscriptions import ResourceUpdated
 from gateway import __version__
 from gateway.config.servers import ConfigError, ResolvedServer, ServerSpec, resolve
 from gateway.internals.sdk import negotiate
-from gateway.observe.logs import get_logger, traceback_text
+from gateway.observe import tracing
+from gateway.observe.logs import get_logger
 from gateway.observe.metrics import Metrics
 from gateway.policy.backoff import Backoff
 from gateway.policy.egress import EgressPolicy, check_url
 from gateway.protocol.era import Era
-from gateway.protocol.errors import EgressDenied, State, describe, programming_error
-from gateway.relay.asks import Callers
-from gateway.upstream.invoke import Channel, Invoker
-from gateway.upstream.offers import NONE, Offers, list_offers
+from gateway.protocol.errors import EgressDenied, State, describe, unavailable
+from gateway.upstream.invoke import Channel, Invoker, Line
+from gateway.upstream.offers import Offers, list_offers
 from gateway.upstream.sandbox import sandbox_for
+from gateway.upstream.server import ChangeCallback, ServerState
 from gateway.upstream.tokens import Tokens
-from gateway.upstream.transports.http import sse_transport, streamable_http_transport
+from gateway.upstream.transports.http import streamable_http_transport
 from gateway.upstream.transports.http11 import HttpWire
+from gateway.upstream.transports.sse import sse_transport
 from gateway.upstream.transports.stdio import DirectChannel, stdio_transport
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 Json = dict[str, Any]
 CLIENT_INFO = types.Implementation(name="manifold", version=__version__)
@@ -89,9 +93,6 @@ class _WatchedReadStream:
         return getattr(self._inner, "last_context", None)
 
 
-ChangeCallback = Callable[["Upstream"], Awaitable[None]]
-
-
 async def _unchanged(_: Upstream) -> None:
     """A sibling connection's listings change nothing."""
 
@@ -101,11 +102,10 @@ LIST_CHANGES = (
     types.PromptListChangedNotification,
     types.ResourceListChangedNotification,
 )
-UpdateCallback = Callable[["Upstream", str], Awaitable[None]]
 
 
-class Upstream:
-    """One configured server: its state, its filtered tools, and the session that serves its calls."""
+class Upstream(ServerState):
+    """One server the gateway dials: its state, its filtered tools, and the session that serves its calls."""
 
     def __init__(
         self,
@@ -120,41 +120,25 @@ class Upstream:
         fast: bool = True,
         tokens: Tokens | None = None,
     ) -> None:
-        self.spec = spec
+        super().__init__(spec, on_change, metrics, source=source)
         self._tokens = tokens
         self._fast = fast
         self._direct: DirectChannel | None = None
         self._wire: HttpWire | None = None
-        self.source = source
-        self._metrics = metrics
         self._credentials = credentials or {}
         self._egress = egress
         self.egress = egress
-        self.scope: anyio.CancelScope | None = None
-        self.stopped = anyio.Event()
-        self.name = spec.name
-        self._on_change = on_change
         self._environ = os.environ if environ is None else environ
-        self.state = State.DISABLED if spec.disabled else State.CONNECTING
-        self.error: str | None = None
-        self.since = time.time()
-        self.offers: Offers = NONE
-        self.callers = Callers(spec)
-        self.on_resource_updated: UpdateCallback | None = None
-        self.subscriptions: set[str] = set()
         self._listen_scope: anyio.CancelScope | None = None
         self.session: ClientSession | None = None
         self.protocol_version: str | None = None
-        self.settled = anyio.Event()
         self._refresh_wanted = anyio.Event()
         self._closed = anyio.Event()
         self._backoff = Backoff(1.0, 60.0, healthy_after=30.0)
-        self._up = anyio.Event()
-        self.connections = 0  # how many times the server came up: a retry waits for a connection newer than its own
         self._reconnect_now = False
         self._wake = anyio.Event()  # set by `reconnect`: ends a wait between tries
         self._tasks: anyio.abc.TaskGroup | None = None
-        self._invoker = Invoker(self)
+        self._invoker = Invoker(spec, self)
 
     def sibling(self, spec: ServerSpec, env: Mapping[str, str] | None = None) -> Upstream:
         """Another connection to this server (a conversation's own, a 2025-era session beside a 2026 one): the
@@ -171,6 +155,10 @@ class Upstream:
             tokens=self._tokens,
         )
 
+    def share_slots(self, other: Upstream) -> None:
+        """Take the call slots of `other` (the server's main connection), so both together keep its limits."""
+        self._invoker.slots = other._invoker.slots
+
     async def run(self) -> None:
         """The owner task: connect, serve, reconnect with backoff, until cancelled."""
         if self.spec.disabled:
@@ -185,7 +173,7 @@ class Upstream:
         while True:
             started = time.monotonic()
             try:
-                await self._connect_and_serve(resolved)
+                await self._traced_connect(resolved)
                 reason = "connection closed"
             except Exception as e:
                 reason = describe(e)
@@ -204,20 +192,27 @@ class Upstream:
             self._wake, self._reconnect_now = anyio.Event(), False
             await self._set_state(State.CONNECTING, self.error)
 
-    def _report_bug(self, exc: Exception, metrics: Metrics | None = None, where: str = "upstream") -> None:
-        """Log a programming error's traceback and count it: it would otherwise pass for the server's failure."""
-        if not programming_error(exc):
+    async def _traced_connect(self, resolved: ResolvedServer) -> None:
+        """`_connect_and_serve`, in a `connect` span (tracing on only) that ends once the server is listed."""
+        tracer = tracing.ACTIVE
+        if tracer is None:
+            await self._connect_and_serve(resolved)
             return
-        log.error(
-            "programming error while serving the connection; it is retried as if the server had failed",
-            server=self.name,
-            error=type(exc).__name__,
-            traceback=traceback_text(exc),
-        )
-        if (metrics := metrics or self._metrics) is not None:
-            metrics.count_internal_error(where)
+        attributes = {
+            "manifold.server": self.name,
+            "manifold.transport": self.spec.kind,
+            "manifold.source": self.source,
+        }
+        connecting = tracer.begin("connect", attributes)
+        try:
+            await self._connect_and_serve(resolved, connecting)
+        except BaseException as e:
+            tracing.end(connecting, e)
+            raise
+        finally:
+            tracing.end(connecting)
 
-    async def _connect_and_serve(self, resolved: ResolvedServer) -> None:
+    async def _connect_and_serve(self, resolved: ResolvedServer, connecting: Span | None = None) -> None:
         self._closed = anyio.Event()
         # The startup deadline wraps the whole connection so every context is exited in order;
         # it is lifted once the first listing is in.
@@ -241,9 +236,12 @@ class Upstream:
                     await session.discover()
                 else:
                     await session.initialize()
-                offers = await self._list(session)
+                offers = await self._list(session, connecting)
                 self._report_listings(offers)
                 startup.deadline = math.inf
+                if connecting is not None:
+                    connecting.set_attribute("mcp.protocol.version", session.protocol_version or "")
+                    tracing.end(connecting)
                 await self._serve(session, offers)
         if startup.cancelled_caught:
             raise TimeoutError(f"no answer within startup_timeout ({self.spec.startup_timeout:g} s)")
@@ -302,14 +300,23 @@ class Upstream:
             checked,
             bearer,
             timeout=self.spec.timeout,
-            forward_headers=bool(self.spec.forward_headers),
+            # the request hook also carries a traced request's `traceparent` (`core.forward`)
+            forward_headers=bool(self.spec.forward_headers) or tracing.ACTIVE is not None,
             lean=self._fast,
             on_wire=set_wire,
         )
 
-    async def _list(self, session: ClientSession) -> Offers:
-        """What the server offers, every page of it, after its filters (a failed listing keeps what it held)."""
-        return await list_offers(session, self.spec, previous=self.offers)
+    async def _list(self, session: ClientSession, parent: Span | None = None) -> Offers:
+        """What the server offers, every page of it, after its filters (a failed listing keeps what it held); in a
+        `list` span with tracing on (a child of `parent`, the connection's, when given)."""
+        tracer = tracing.ACTIVE
+        if tracer is None:
+            return await list_offers(session, self.spec, previous=self.offers)
+        with tracer.internal("list", {"manifold.server": self.name}, parent) as span:
+            offers = await list_offers(session, self.spec, previous=self.offers)
+            if offers.degraded:
+                span.set_attribute("manifold.degraded", sorted(offers.degraded))
+            return offers
 
     def _report_listings(self, offers: Offers) -> None:
         """Log each listing that newly failed (or now fails for another reason) once, and one that recovered;
@@ -331,11 +338,6 @@ class Upstream:
         credential = self._credentials.get(self.spec.credential) if self.spec.credential is not None else None
         kind = getattr(credential, "kind", None)
         return kind if isinstance(kind, str) else None
-
-    @property
-    def tools(self) -> tuple[Json, ...]:
-        """The server's tools after its filters (empty while it is not up)."""
-        return self.offers.tools
 
     async def _on_message(self, message: IncomingMessage) -> None:
         if isinstance(
@@ -432,37 +434,13 @@ class Upstream:
             self._refresh_wanted.set()
 
     def status(self) -> dict[str, Any]:
-        """State, tool count, last error (secret-free) and since when (ISO 8601), as the HTTP endpoints show them."""
-        status: dict[str, Any] = {
-            "name": self.name,
-            "state": self.state.value,
-            "tools": len(self.tools) if self.state is State.UP else 0,
-            "error": self.error,
-            "since": datetime.fromtimestamp(self.since, UTC).isoformat(timespec="seconds"),
-        }
+        """The server's status (see `ServerState.status`), with the revision it speaks and listings that failed."""
+        status = super().status()
         if self.state is State.UP:
             status["protocol"] = self.protocol_version
             if self.offers.degraded:
                 status["degraded"] = dict(self.offers.degraded)
         return status
-
-    async def wait_up(self, timeout: float, newer_than: int | None = None) -> bool:
-        """Wait up to `timeout` seconds for the server to be up (on a connection made after the `newer_than`-th,
-        when given: the one a call failed on may not be known to be gone yet); True if it is."""
-        with anyio.move_on_after(timeout):
-            while True:
-                up = self._up
-                await up.wait()
-                if newer_than is None or self.connections > newer_than:
-                    break
-                while self._up is up and self.state is State.UP:  # the stale connection, until it is seen to end
-                    await anyio.sleep(0.05)
-        return self.state is State.UP and (newer_than is None or self.connections > newer_than)
-
-    def retried(self) -> None:
-        """Count one retried call attempt."""
-        if self._metrics is not None:
-            self._metrics.count_retry(self.name)
 
     def reconnect(self) -> None:
         """Drop the connection and connect again at once (e.g. after the HTTP session expired)."""
@@ -479,8 +457,13 @@ class Upstream:
         lean: bool = False,
         capabilities: Json | None = None,
     ) -> Json:
-        """Send one request under the server's slots and deadline (see `Invoker.request`)."""
-        return await self._invoker.request(method, params, report, lean=lean, capabilities=capabilities)
+        """Send one request under the server's slots and deadline (see `Invoker.request`) on the connection
+        serving now. Raises `CallFailed` while there is none."""
+        session = self.session
+        if session is None or self.state is not State.UP:
+            raise unavailable(self.name, self.error or self.state.value)
+        line = Line(session, self.channel, self.protocol_version, self.cancels_by_notice, self.spawn)
+        return await self._invoker.request(line, method, params, report, lean=lean, capabilities=capabilities)
 
     @property
     def channel(self) -> Channel | None:
@@ -511,21 +494,3 @@ class Upstream:
     def lost(self) -> None:
         """The connection broke under a call: end it, and reconnect with backoff."""
         self._closed.set()
-
-    async def _set_state(self, state: State, error: str | None) -> None:
-        changed = state is not self.state
-        self.state, self.error = state, error
-        if state is State.UP:
-            if not self._up.is_set():
-                self.connections += 1
-            self._up.set()
-        elif self._up.is_set():
-            self._up = anyio.Event()
-        if changed:
-            self.since = time.time()
-            if state is not State.UP:
-                self.offers = NONE
-                if self._metrics is not None:
-                    self._metrics.set_listings(self.name, ())
-            log.info("upstream state", server=self.name, state=state.value, reason=error)
-            await self._on_change(self)

@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import anyio
 import mcp.types as types
@@ -21,6 +22,7 @@ from mcp import ClientSession, MCPError
 from mcp.shared.dispatcher import ProgressFnT
 from pydantic import ValidationError
 
+from gateway.config.servers import ServerSpec
 from gateway.internals.sdk import channel_error, send_unchecked, stamp
 from gateway.protocol.era import LATEST_HANDSHAKE, Era
 from gateway.protocol.errors import (
@@ -32,13 +34,9 @@ from gateway.protocol.errors import (
     NoToken,
     NotSent,
     SessionExpired,
-    State,
     Unauthorized,
     unavailable,
 )
-
-if TYPE_CHECKING:
-    from gateway.upstream.connection import Upstream
 
 Json = dict[str, Any]
 FIRST_ID = 2**40  # ids of calls on the lean channels: far from the SDK session's own
@@ -54,6 +52,29 @@ class Channel(Protocol):
     async def notify(self, message: Json, headers: Mapping[str, str]) -> None:
         """Send a notification; failures are ignored."""
         ...
+
+
+@dataclass(frozen=True)
+class Line:
+    """What one call needs of the connection it travels on, taken as the call starts: the SDK's session, the
+    lean channel beside it (None: the session carries every call), the revision negotiated, how a cancel is
+    told, and where work that must outlive the caller runs (it ends with the connection)."""
+
+    session: ClientSession
+    channel: Channel | None
+    protocol_version: str | None
+    cancels_by_notice: bool
+    spawn: Callable[..., None]
+
+
+class Health(Protocol):
+    """What a failed call tells the connection it travelled on."""
+
+    def lost(self) -> None:
+        """The connection broke: end it, and connect again with backoff."""
+
+    def reconnect(self) -> None:
+        """The server forgot the connection (an expired session): connect again at once."""
 
 
 class Deadline(Protocol):
@@ -128,18 +149,31 @@ def answer_lost(server: str) -> CallFailed:
     )
 
 
-class Invoker:
-    """The calls of one upstream: at most `max_concurrent` in flight, `max_queued` waiting, each with a deadline."""
+class Slots:
+    """A server's call slots: how many calls may be in flight, and how many wait for one. Every connection that
+    carries the server's calls shares them (its main connection and the 2025-era session beside it)."""
 
-    def __init__(self, upstream: Upstream) -> None:
-        self._up = upstream
-        self._spec = upstream.spec
-        self._slots = asyncio.Semaphore(upstream.spec.max_concurrent)
-        self._queued = 0
+    def __init__(self, size: int) -> None:
+        self.free = asyncio.Semaphore(size)
+        self.queued = 0
+
+
+class Invoker:
+    """The calls of one upstream: at most `max_concurrent` in flight, `max_queued` waiting, each with a deadline.
+
+    It knows the server's spec and what to tell the connection of a failure (`health`); each call brings the
+    connection it travels on (`Line`)."""
+
+    def __init__(self, spec: ServerSpec, health: Health) -> None:
+        self._spec = spec
+        self._name = spec.name
+        self._health = health
+        self.slots = Slots(spec.max_concurrent)
         self._ids = itertools.count(FIRST_ID)
 
     async def request(
         self,
+        line: Line,
         method: str,
         params: Json,
         report: ProgressFnT | None = None,
@@ -156,12 +190,10 @@ class Invoker:
         the clock) and `max_call_time` the whole call; a call that runs out is cancelled upstream. Raises
         `CallFailed`, or `MCPError` for an error the upstream answered with.
         """
-        up, spec = self._up, self._spec
-        session = up.session
-        if session is None or up.state is not State.UP:
-            raise unavailable(up.name, up.error or up.state.value)
-        if self._slots.locked() and self._queued >= spec.max_queued:
-            raise busy(up.name, f"{spec.max_concurrent} calls in flight and {self._queued} waiting; try again later")
+        spec, name = self._spec, self._name
+        slots = self.slots
+        if slots.free.locked() and slots.queued >= spec.max_queued:
+            raise busy(name, f"{spec.max_concurrent} calls in flight and {slots.queued} waiting; try again later")
         lean = lean and method == "tools/call"
         # asyncio's own semaphore and, on a lean channel, timeout: neither yields to the loop when a slot is free
         # (anyio's do); through the SDK's session the timeout is a cancel scope (see `ScopeDeadline`)
@@ -169,7 +201,7 @@ class Invoker:
         now = loop.time()
         hard = now + spec.max_call_time if spec.max_call_time else math.inf
         first = min(now + spec.timeout, hard)
-        deadline: Deadline = asyncio.timeout_at(first) if lean and up.channel is not None else ScopeDeadline(first)
+        deadline: Deadline = asyncio.timeout_at(first) if lean and line.channel is not None else ScopeDeadline(first)
         acquired = False
 
         async def on_progress(progress: float, total: float | None, message: str | None) -> None:
@@ -179,30 +211,30 @@ class Invoker:
 
         try:
             async with deadline:
-                self._queued += 1
+                slots.queued += 1
                 try:
-                    await self._slots.acquire()
+                    await slots.free.acquire()
                 finally:
-                    self._queued -= 1
+                    slots.queued -= 1
                 acquired = True
                 try:
-                    return await self._send(session, method, params, on_progress, lean, capabilities)
+                    return await self._send(line, method, params, on_progress, lean, capabilities)
                 finally:
-                    self._slots.release()
+                    slots.free.release()
         except TimeoutError:
             if not deadline.expired():
                 raise
         if not acquired:
-            raise busy(up.name, f"no free slot within the {spec.timeout:g} s timeout")
+            raise busy(name, f"no free slot within the {spec.timeout:g} s timeout")
         raise CallFailed(
-            f"server '{up.name}' did not answer within {self._limit_text(hard - now)}; the call was cancelled",
+            f"server '{name}' did not answer within {self._limit_text(hard - now)}; the call was cancelled",
             outcome="timeout",
             transient=True,
         )
 
     async def _send(
         self,
-        session: ClientSession,
+        line: Line,
         method: str,
         params: Json,
         progress: ProgressFnT,
@@ -211,32 +243,33 @@ class Invoker:
     ) -> Json:
         """The request, holding a slot: over the lean channel (a plain tool call, `lean`, when the server has one)
         or the SDK's session, its failures classified."""
-        up = self._up
         try:
-            channel = up.channel if lean else None
+            channel = line.channel if lean else None
             if channel is not None:
-                answer = await self._over_channel(session, channel, params, progress, capabilities)
-                return self._result_of(method, answer)
+                answer = await self._over_channel(line, channel, params, progress, capabilities)
+                return self._result_of(method, answer, line.protocol_version)
             # Answers are taken as the server sent them and shape-checked here, not held to the negotiated
             # revision's schema by the SDK: servers that claim a revision often miss one of its fields
             # (a 2026 `resultType`, say), and task results are outside the SDK's tables anyway.
             task_id = params.get("taskId")
             name = task_id if isinstance(task_id, str) else None
-            raw = await send_unchecked(session, method, params, progress=progress, name=name, capabilities=capabilities)
-            return self._result_of(method, {"result": raw})
+            raw = await send_unchecked(
+                line.session, method, params, progress=progress, name=name, capabilities=capabilities
+            )
+            return self._result_of(method, {"result": raw}, line.protocol_version)
         except MCPError as e:
             failure = channel_error(e)
             if failure is None:
                 raise self.classify_code(e) from None
             if isinstance(failure, AnswerLost):
-                up.lost()  # one interrupted answer closes the SDK's whole session: start afresh
-            raise self.classify(failure) from None
+                self._health.lost()  # one interrupted answer closes the SDK's whole session: start afresh
+            raise self.classify(failure, line.protocol_version) from None
         except ChannelError as e:
-            raise self.classify(e) from None
+            raise self.classify(e, line.protocol_version) from None
 
     async def _over_channel(
         self,
-        session: ClientSession,
+        line: Line,
         channel: Channel,
         params: Json,
         progress: ProgressFnT | None,
@@ -244,7 +277,7 @@ class Invoker:
     ) -> Json:
         """The call over the lean channel, stamped as the SDK's session would stamp it."""
         message: Json = {"jsonrpc": "2.0", "method": "tools/call", "params": params}
-        headers = stamp(session, message, capabilities)
+        headers = stamp(line.session, message, capabilities)
         message["id"] = request_id = next(self._ids)
         if progress is not None:
             message.setdefault("params", {}).setdefault("_meta", {})["progressToken"] = request_id
@@ -253,17 +286,17 @@ class Invoker:
         except NotSent:
             raise
         except BaseException:
-            if self._up.cancels_by_notice:
+            if line.cancels_by_notice:
                 cancel: Json = {
                     "jsonrpc": "2.0",
                     "method": "notifications/cancelled",
                     "params": {"requestId": request_id, "reason": CANCEL_REASON},
                 }
-                cancel_headers = stamp(session, cancel)
-                self._up.spawn(channel.notify, cancel, cancel_headers)
+                cancel_headers = stamp(line.session, cancel)
+                line.spawn(channel.notify, cancel, cancel_headers)
             raise
 
-    def _result_of(self, method: str, reply: Json) -> Json:
+    def _result_of(self, method: str, reply: Json, protocol_version: str | None) -> Json:
         error = reply.get("error")
         if error is not None:
             try:
@@ -275,17 +308,17 @@ class Invoker:
         if method != "tools/call":
             if not isinstance(result, dict):
                 raise CallFailed(
-                    f"server '{self._up.name}' answered {method} without a result", outcome="invalid", transient=False
+                    f"server '{self._name}' answered {method} without a result", outcome="invalid", transient=False
                 )
             return result
         if not plausible_result(result):
             raise CallFailed(
-                f"server '{self._up.name}' answered with something that is not a tool result",
+                f"server '{self._name}' answered with something that is not a tool result",
                 outcome="invalid",
                 transient=False,
             )
         assert isinstance(result, dict)
-        foreign = Era.of(self._up.protocol_version or LATEST_HANDSHAKE).later_fields("tools/call")
+        foreign = Era.of(protocol_version or LATEST_HANDSHAKE).later_fields("tools/call")
         if not foreign.isdisjoint(result):
             result = {k: v for k, v in result.items() if k not in foreign}
         return result
@@ -295,43 +328,43 @@ class Invoker:
             return f"the {self._spec.timeout:g} s timeout"
         return f"max_call_time ({total:g} s)"
 
-    def classify(self, failure: ChannelError) -> CallFailed | MCPError:
-        """What a channel failure means for the call, and for the connection."""
-        up = self._up
+    def classify(self, failure: ChannelError, protocol_version: str | None) -> CallFailed | MCPError:
+        """What a channel failure means for the call, and for the connection (told through `health`)."""
+        name, health = self._name, self._health
         if isinstance(failure, NotSent):
-            up.lost()
-            return unavailable(up.name, "the connection closed before the request was sent", repeatable=True)
+            health.lost()
+            return unavailable(name, "the connection closed before the request was sent", repeatable=True)
         if isinstance(failure, AnswerLost):
             # Only this exchange broke: a pooled HTTP connection, or stdio pipes whose end the
             # transport itself reports. The server's other calls and its session go on.
-            return answer_lost(up.name)
+            return answer_lost(name)
         if isinstance(failure, SessionExpired):
-            up.reconnect()
+            health.reconnect()
             return CallFailed(
-                f"server '{up.name}' ended the session", outcome="unavailable", transient=True, repeatable=True
+                f"server '{name}' ended the session", outcome="unavailable", transient=True, repeatable=True
             )
         if isinstance(failure, Unauthorized):
             return CallFailed(
-                f"server '{up.name}' refused the gateway's credentials ({failure})",
+                f"server '{name}' refused the gateway's credentials ({failure})",
                 outcome="unavailable",
                 transient=False,
             )
         if isinstance(failure, NoToken):
-            up.lost()  # a server without a token cannot be used: down (saying why) until a connection gets one
+            health.lost()  # a server without a token cannot be used: down (saying why) until a connection gets one
             return CallFailed(
-                f"server '{up.name}' is unavailable: no access token: {failure}", outcome="unavailable", transient=False
+                f"server '{name}' is unavailable: no access token: {failure}", outcome="unavailable", transient=False
             )
         if isinstance(failure, HttpStatus):
-            if not Era.of(up.protocol_version).modern:
+            if not Era.of(protocol_version).modern:
                 # Session servers that forgot the session (a restart) often answer 400, not 404: start afresh.
-                up.reconnect()
-            return unavailable(up.name, "it answered with an HTTP error status")
+                health.reconnect()
+            return unavailable(name, "it answered with an HTTP error status")
         if isinstance(failure, BadAnswer):
             return MCPError(failure.code, str(failure))
-        return unavailable(up.name, str(failure))
+        return unavailable(name, str(failure))
 
     def classify_code(self, e: MCPError) -> CallFailed | MCPError:
         """What an error answer means: a timeout the SDK ran out, or the server's own error, passed on."""
         if e.code == types.REQUEST_TIMEOUT:
-            return CallFailed(f"server '{self._up.name}' timed out", outcome="timeout", transient=True)
+            return CallFailed(f"server '{self._name}' timed out", outcome="timeout", transient=True)
         return e

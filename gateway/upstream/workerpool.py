@@ -1,21 +1,21 @@
 """Workers: servers that dial in to the gateway instead of being dialled.
 
 A worker opens a WebSocket to `/workers`; over it the roles are reversed and the gateway is the MCP
-client of the server the worker offers (JSON-RPC text messages, one per WebSocket message). Each such
-connection is a `WorkerLink`: an `Upstream` whose transport is the socket, so negotiation, listings,
-change notices, calls, progress, cancellation and failure classification are the same code as for
-any server. The links offering one name form a `WorkerPool`, the upstream the registry holds under
-that name: its tools are the oldest link's listing, and each call goes to the link with the fewest
-calls in flight (exactly one link per attempt). A link whose listing differs from the pool's is
-refused. The pool leaves the registry (and its tools the catalog) when its last link ends.
+client of the server the worker offers (`transports/websocket.py`). Each such connection is a
+`WorkerLink`: an `Upstream` whose transport is the socket, so negotiation, listings, change notices,
+calls, progress, cancellation and failure classification are the same code as for any server. The
+links offering one name form a `WorkerPool`, the server the registry holds under that name (an
+`UpstreamServer`, not a connection of its own): its tools are the oldest link's listing, and each
+call goes to the link with the fewest calls in flight (exactly one link per attempt). A link whose
+listing differs from the pool's is refused. The pool leaves the registry (and its tools the catalog)
+when its last link ends.
 """
 
 from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager, suppress
+from contextlib import suppress
 from datetime import UTC, datetime
 from typing import Any
 
@@ -23,122 +23,25 @@ import anyio
 import mcp.types as types
 from mcp import ClientSession, MCPError
 from mcp.shared.dispatcher import ProgressFnT
-from mcp.shared.message import SessionMessage
-from pydantic import ValidationError
-from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from gateway.config.servers import ResolvedServer, ServerSpec
 from gateway.observe.logs import get_logger
 from gateway.observe.metrics import Metrics
 from gateway.protocol.errors import State, describe, unavailable
-from gateway.upstream.connection import ChangeCallback, Upstream
+from gateway.upstream.connection import Upstream
 from gateway.upstream.offers import Offers, TooMany, list_offers
+from gateway.upstream.server import ChangeCallback, ServerState
+from gateway.upstream.transports.websocket import (
+    CONFLICT,
+    GOING_AWAY,
+    TIMEOUT,
+    TOO_MANY,
+    Refusal,
+    SocketEnd,
+)
 
 Json = dict[str, Any]
 log = get_logger("workers")
-
-# WebSocket close codes the gateway ends a worker's connection with. A worker should not dial again after
-# the first three: only a change of its token, name or the gateway's config can help.
-BAD_REQUEST = 4000
-UNAUTHORIZED = 4001
-FORBIDDEN = 4003
-TIMEOUT = 4008
-CONFLICT = 4009
-TOO_MANY = 4013
-GOING_AWAY = 1001
-TOO_BIG = 1009
-FATAL = frozenset({BAD_REQUEST, UNAUTHORIZED, FORBIDDEN})
-MAX_REASON_BYTES = 123  # what a close frame can carry
-
-
-class Refusal(Exception):
-    """Why the gateway refuses or ends a worker's connection: a close code, the reason sent with it, and a short
-    `kind` for metrics and logs (a bounded set of words)."""
-
-    def __init__(self, code: int, reason: str, kind: str) -> None:
-        super().__init__(reason)
-        self.code, self.reason, self.kind = code, reason, kind
-
-    @property
-    def frame_reason(self) -> str:
-        """The reason cut to what a close frame carries, on a character boundary."""
-        return self.reason.encode()[:MAX_REASON_BYTES].decode(errors="ignore")
-
-
-class SocketEnd:
-    """The gateway's end of one worker's WebSocket, as the two streams an SDK client session reads and writes.
-
-    Each link has its own send queue (`queue` messages) and its own pumps, so a worker that reads slowly
-    holds up only the calls to it; a message that cannot be sent within `send_timeout` ends its link.
-    Messages over `max_bytes` end it too (close 1009), as a POST body over the limit is refused.
-    """
-
-    def __init__(self, websocket: WebSocket, *, max_bytes: int, queue: int, send_timeout: float) -> None:
-        self.websocket = websocket
-        self._max_bytes, self._queue, self._send_timeout = max_bytes, queue, send_timeout
-        self.problem: Refusal | None = None  # why the pumps ended the connection, if they did
-
-    @asynccontextmanager
-    async def streams(self) -> AsyncIterator[tuple[Any, Any]]:
-        read_writer, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](self._queue)
-        write_stream, write_reader = anyio.create_memory_object_stream[SessionMessage](self._queue)
-
-        async def reader() -> None:
-            async with read_writer:
-                while True:
-                    try:
-                        message = await self.websocket.receive()
-                    except (WebSocketDisconnect, RuntimeError):
-                        return
-                    if message["type"] == "websocket.disconnect":
-                        if message.get("code") == TOO_BIG:  # the server refused a frame over its size limit
-                            self.problem = Refusal(TOO_BIG, f"a message over {self._max_bytes} bytes", "too_big")
-                        return
-                    data = message.get("text")
-                    if data is None:
-                        data = message.get("bytes") or b""
-                    if len(data) > self._max_bytes:
-                        self.problem = Refusal(TOO_BIG, f"a message over {self._max_bytes} bytes", "too_big")
-                        return
-                    try:
-                        parsed = types.jsonrpc_message_adapter.validate_json(data, by_name=False)
-                    except ValidationError as e:
-                        await read_writer.send(ValueError(f"a message that is not JSON-RPC ({e.error_count()} errors)"))
-                        continue
-                    await read_writer.send(SessionMessage(parsed))
-
-        async def writer() -> None:
-            async with write_reader:
-                async for item in write_reader:
-                    text = item.message.model_dump_json(by_alias=True, exclude_unset=True)
-                    with anyio.move_on_after(self._send_timeout) as waited:
-                        try:
-                            await self.websocket.send_text(text)
-                        except (WebSocketDisconnect, RuntimeError, OSError):
-                            break
-                    if waited.cancelled_caught:
-                        self.problem = Refusal(
-                            TIMEOUT, f"a message could not be sent within {self._send_timeout:g} s", "slow"
-                        )
-                        break
-            read_writer.close()  # the session sees the end, as when the worker closes
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(reader)
-            tg.start_soon(writer)
-            try:
-                yield read_stream, write_stream
-            finally:
-                tg.cancel_scope.cancel()
-
-    async def close(self, refusal: Refusal) -> None:
-        """Close the connection with `refusal`'s code and reason, unless either side already has."""
-        ws = self.websocket
-        if ws.application_state is not WebSocketState.CONNECTED or ws.client_state is not WebSocketState.CONNECTED:
-            return
-        with anyio.move_on_after(2, shield=True), suppress(RuntimeError, OSError, WebSocketDisconnect):
-            await ws.close(refusal.code, refusal.frame_reason)
-
 
 _link_ids = itertools.count(1)
 
@@ -204,7 +107,7 @@ class WorkerLink(Upstream):
     async def _transport(self, r: ResolvedServer) -> Any:
         return self.socket.streams()
 
-    async def _list(self, session: ClientSession) -> Offers:
+    async def _list(self, session: ClientSession, parent: Any = None) -> Offers:  # a worker's: never traced
         try:
             return await list_offers(
                 session, self.spec, max_tools=self._max_tools, tools_only=True, previous=self.offers
@@ -245,7 +148,7 @@ def same_tools(a: tuple[Json, ...], b: tuple[Json, ...]) -> bool:
     return sorted(a, key=lambda t: str(t.get("name"))) == sorted(b, key=lambda t: str(t.get("name")))
 
 
-class WorkerPool(Upstream):
+class WorkerPool(ServerState):
     """The workers offering one name, as one upstream of the registry.
 
     Up while at least one link is admitted; its tools are the oldest admitted link's. A link is admitted
@@ -255,7 +158,7 @@ class WorkerPool(Upstream):
     """
 
     def __init__(self, spec: ServerSpec, on_change: ChangeCallback, metrics: Metrics) -> None:
-        super().__init__(spec, on_change, {}, metrics, source="worker", fast=False)
+        super().__init__(spec, on_change, metrics, source="worker")
         self.links: list[WorkerLink] = []  # admitted, oldest first
         self.pending: set[WorkerLink] = set()  # connected, first listing not yet judged
         self.reserved = 0  # connections being served under this pool (the registry keeps it while > 0)
@@ -329,6 +232,8 @@ class WorkerPool(Upstream):
             self.links.append(link)
             link.admitted = True
             self._count_workers()
+            if (audit := self._workers_metric.audit) is not None:
+                audit.act("worker_admitted", who=link.token_name, server=self.name, tools=len(link.offers.tools))
             return
         if link is defining:
             for other in self.links[1:]:
@@ -372,6 +277,24 @@ class WorkerPool(Upstream):
     async def subscribe(self, uri: str, on: bool) -> None:
         """Workers offer tools only: there are no resources to follow."""
         raise MCPError(types.INVALID_PARAMS, f"server '{self.name}' offers no resources")
+
+    @property
+    def protocol_version(self) -> str | None:
+        """None: each link negotiates its own revision (see `describe_links`)."""
+        return None
+
+    @property
+    def ending(self) -> bool:
+        """False: a link that ends leaves the others serving."""
+        return False
+
+    @property
+    def credential_kind(self) -> str | None:
+        """None: workers present the gateway's tokens, the gateway holds no credential of theirs."""
+        return None
+
+    def reconnect(self) -> None:
+        """Nothing to dial: a worker whose link ends dials in anew."""
 
     def status(self) -> dict[str, Any]:
         """The server's status, with how many workers offer it."""

@@ -8,7 +8,7 @@ import pytest
 from mcp import MCPError
 
 from gateway import SERVER_INFO
-from gateway.config.servers import parse_server
+from gateway.config.servers import ServerSpec, parse_server
 from gateway.core.calls import Draining, admit
 from gateway.core.forward import shape_result
 from gateway.core.registry import Registry
@@ -16,7 +16,6 @@ from gateway.internals.sdk import channel_error
 from gateway.policy.access import View
 from gateway.protocol.era import SERVER_INFO_KEY
 from gateway.protocol.errors import AnswerLost, BadAnswer, CallFailed, HttpStatus, NotSent, SessionExpired
-from gateway.upstream.connection import Upstream
 from gateway.upstream.invoke import Invoker
 
 MODERN, LEGACY = "2026-07-28", "2025-11-25"
@@ -96,15 +95,10 @@ def test_input_required_cannot_reach_a_legacy_caller() -> None:
     assert shape_result({"resultType": "input_required"}, _entry(), MODERN)["resultType"] == "input_required"
 
 
-class _Recorder(Upstream):
-    """A real Upstream, never started, that records what a failure did to its connection."""
+class _Recorder:
+    """The connection's side of a failed call: records what the invoker told it."""
 
-    def __init__(self, version: str) -> None:
-        problems: list[str] = []
-        spec = parse_server("fx", {"url": "http://127.0.0.1:9/mcp"}, "servers.fx", problems)
-        assert spec is not None
-        super().__init__(spec, _ignore)
-        self.protocol_version = version
+    def __init__(self) -> None:
         self.events: list[str] = []
 
     def lost(self) -> None:
@@ -114,8 +108,11 @@ class _Recorder(Upstream):
         self.events.append("reconnect")
 
 
-async def _ignore(_: Upstream) -> None:
-    return None
+def _spec() -> ServerSpec:
+    problems: list[str] = []
+    spec = parse_server("fx", {"url": "http://127.0.0.1:9/mcp"}, "servers.fx", problems)
+    assert spec is not None
+    return spec
 
 
 @pytest.mark.parametrize(
@@ -138,16 +135,16 @@ async def _ignore(_: Upstream) -> None:
 def test_channel_failures_are_classified_by_type(
     failure: Exception, version: str, transient: bool, repeatable: bool, events: list[str], text: str
 ) -> None:
-    upstream = _Recorder(version)
-    outcome = Invoker(upstream).classify(failure)  # type: ignore[arg-type]
+    connection = _Recorder()
+    outcome = Invoker(_spec(), connection).classify(failure, version)  # type: ignore[arg-type]
     assert isinstance(outcome, CallFailed)
     assert (outcome.transient, outcome.repeatable) == (transient, repeatable)
     assert "server 'fx'" in str(outcome) and text in str(outcome)
-    assert upstream.events == events
+    assert connection.events == events
 
 
 def test_a_bad_answer_is_passed_on_as_its_error() -> None:
-    outcome = Invoker(_Recorder(MODERN)).classify(BadAnswer(-32700, "Failed to parse JSON response"))
+    outcome = Invoker(_spec(), _Recorder()).classify(BadAnswer(-32700, "Failed to parse JSON response"), MODERN)
     assert isinstance(outcome, MCPError) and outcome.code == -32700
 
 

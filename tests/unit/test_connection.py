@@ -129,3 +129,21 @@ async def test_a_retry_waits_for_a_connection_newer_than_the_one_that_broke() ->
         with anyio.fail_after(2):
             assert await upstream.wait_up(2, broken)
     assert upstream.connections == broken + 1
+
+
+async def test_the_2025_session_beside_a_connection_shares_its_call_slots() -> None:
+    """The server's max_concurrent holds across its main connection and the session opened beside it."""
+
+    async def changed(upstream: Upstream) -> None:
+        pass
+
+    spec = ServerSpec.model_validate({"name": "web", "url": "http://127.0.0.1:9/mcp", "max_concurrent": 1})
+    main = Upstream(spec, changed, {})
+    beside = main.sibling(spec)
+    assert beside._invoker.slots is not main._invoker.slots, "a conversation's own connection keeps its own"
+    beside.share_slots(main)
+    await main._invoker.slots.free.acquire()  # the main connection's one call in flight
+    with anyio.move_on_after(0.1) as waited:
+        await beside._invoker.slots.free.acquire()
+    assert waited.cancelled_caught, "the session beside it waits for the same slot"
+    main._invoker.slots.free.release()

@@ -14,7 +14,8 @@ from gateway.config.access import AuthConfig, TokenSpec
 from gateway.config.servers import ConfigError, ServerSpec, parse_config
 from gateway.config.settings import WorkerSettings, build_settings
 from gateway.core.registry import NameTaken, Registry
-from gateway.upstream.workerpool import CONFLICT, MAX_REASON_BYTES, Refusal, WorkerPool, same_tools
+from gateway.upstream.transports.websocket import CONFLICT, MAX_REASON_BYTES, Refusal
+from gateway.upstream.workerpool import WorkerPool, same_tools
 
 
 @pytest.fixture

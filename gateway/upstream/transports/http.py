@@ -1,18 +1,17 @@
-"""The HTTP transports to one server: streamable HTTP (the SDK's client, with the lean HTTP/1.1 channel beside it)
-and the legacy SSE transport, both over a client pinned to the address the egress rules checked."""
+"""Streamable HTTP to one server: the SDK's client, with the lean HTTP/1.1 channel beside it, over a client pinned
+to the address the egress rules checked."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from typing import Any
 
 import httpx2
-from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 
-from gateway.policy.egress import Checked, pinned_client_factory, pinned_transport
+from gateway.policy.egress import Checked, pinned_transport
 from gateway.upstream.tokens import BearerAuth, TokenSource
 from gateway.upstream.transports.http11 import MAX_ANSWER, HttpWire, uses_proxy
 from gateway.upstream.transports.lenient import LenientTransport
@@ -25,21 +24,6 @@ FORWARDED: ContextVar[Mapping[str, str] | None] = ContextVar("manifold_forwarded
 async def _add_forwarded(request: httpx2.Request) -> None:
     for name, value in (FORWARDED.get() or {}).items():
         request.headers[name] = value
-
-
-def sse_transport(
-    url: str, headers: dict[str, str], checked: Checked | None, bearer: TokenSource | None, timeout: float
-) -> AbstractAsyncContextManager[Any]:
-    """The legacy SSE transport (2024-11-05 servers), to the checked address."""
-    return sse_client(
-        url,
-        headers=headers,
-        timeout=30,
-        sse_read_timeout=max(300, timeout),
-        # to the checked address, as the streamable HTTP client (by name, DNS could answer otherwise)
-        httpx_client_factory=pinned_client_factory(checked),
-        auth=BearerAuth(bearer) if bearer is not None else None,
-    )
 
 
 @asynccontextmanager
