@@ -1,7 +1,7 @@
 """Fixture upstreams for the benchmark: `echo` plus N dummy tools, over stdio or streamable HTTP.
 
-Run: ``python bench/fixture.py --transport stdio|http [--kind lowlevel|mcpserver] [--port P] [--tools N]
-[--sleep-ms MS] [--result-bytes B] [--name NAME]``.
+Run: ``python bench/fixture.py --transport stdio|http [--kind lowlevel|mcpserver] [--stateless] [--port P]
+[--tools N] [--sleep-ms MS] [--result-bytes B] [--name NAME]``.
 
 Two kinds of server with the same tools:
 
@@ -18,9 +18,16 @@ Over HTTP, ``lowlevel`` answers with plain JSON bodies (`json_response=True`) an
 SDK's default, an event stream per answer. Both have the Host/Origin check off (loopback only), and run
 uvicorn without access logs, on uvloop and httptools when they are installed (stdio runs on uvloop too).
 
+- ``--stateless`` (HTTP only): the SDK's stateless mode, `stateless_http=True` with `json_response=True`, as
+  deployed servers often run: no `Mcp-Session-Id` is issued, and every 2025-era request is served on a fresh
+  transport of its own (the SDK's `_handle_stateless_request`); 2026-era requests take the same single-exchange
+  path as in the stateful mode. Over stdio there is no such mode: the same server serves its one connection.
+
 - ``--tools N``: N dummy tools besides ``echo`` (``tool_0001`` ...), so the listing has N + 1 tools.
 - ``--sleep-ms MS``: ``echo`` sleeps that long before answering.
 - ``--result-bytes B``: ``echo`` answers with a text of B bytes instead of its argument.
+- ``--modern-sleep-ms MS`` and ``--tag-era`` (for the gateway's tests of the era it learns to speak): ``echo``
+  sleeps MS more when asked in the 2026 era, and names the era it was asked in under ``_meta["bench/era"]``.
 
 This file is run as a script by the benchmark and by the gateway (as a stdio upstream); it imports nothing
 from the project.
@@ -62,7 +69,9 @@ def dummy_name(i: int) -> str:
     return f"tool_{i:04d}"
 
 
-def build_server(name: str, n_tools: int, sleep_ms: float, result_bytes: int) -> Server[Any]:
+def build_server(
+    name: str, n_tools: int, sleep_ms: float, result_bytes: int, modern_sleep_ms: float = 0.0, tag_era: bool = False
+) -> Server[Any]:
     """The fixture server: one fixed listing, an `echo` handler, no per-call model building beyond the SDK's."""
     tools = [types.Tool(name="echo", description="Return the text.", input_schema=ECHO_SCHEMA, annotations=READ_ONLY)]
     tools += [
@@ -73,6 +82,7 @@ def build_server(name: str, n_tools: int, sleep_ms: float, result_bytes: int) ->
     listing = types.ListToolsResult(tools=tools)
     big_text = "x" * result_bytes if result_bytes else None
     delay = sleep_ms / 1000.0
+    modern_delay = modern_sleep_ms / 1000.0
 
     async def list_tools(ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None) -> Any:
         return listing
@@ -82,6 +92,8 @@ def build_server(name: str, n_tools: int, sleep_ms: float, result_bytes: int) ->
         if tool == "echo":
             if delay:
                 await anyio.sleep(delay)
+            if modern_delay and ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+                await anyio.sleep(modern_delay)
             text = big_text if big_text is not None else str((params.arguments or {}).get("text", ""))
         elif tool in schemas:
             text = tool
@@ -89,6 +101,8 @@ def build_server(name: str, n_tools: int, sleep_ms: float, result_bytes: int) ->
             raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {tool}")
         # A plain dict skips one model round trip in the runner; 2026-era results must carry resultType.
         result: dict[str, Any] = {"content": [{"type": "text", "text": text}], "isError": False}
+        if tag_era:
+            result["_meta"] = {"bench/era": ctx.protocol_version}
         if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
             result["resultType"] = "complete"
         return result
@@ -128,14 +142,15 @@ def build_mcpserver(name: str, n_tools: int, sleep_ms: float, result_bytes: int)
     return mcp
 
 
-def http_app(server: Server[Any] | MCPServer[Any], host: str, *, sse: bool) -> Starlette:
+def http_app(server: Server[Any] | MCPServer[Any], host: str, *, sse: bool, stateless: bool = False) -> Starlette:
     """The streamable HTTP app at /mcp: answers as JSON bodies or (`sse`, the SDK's default) as event streams,
-    no Host/Origin check, no session limits."""
+    no Host/Origin check, no session limits; `stateless`: the SDK's stateless mode (no sessions)."""
     from mcp.server.transport_security import TransportSecuritySettings
 
     return server.streamable_http_app(
         streamable_http_path="/mcp",
         json_response=not sse,
+        stateless_http=stateless,
         transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
         host=host,
         session_idle_timeout=None,
@@ -221,6 +236,9 @@ def main() -> None:
     p.add_argument("--tools", type=int, default=10, help="dummy tools besides echo")
     p.add_argument("--sleep-ms", type=float, default=0.0, help="echo sleeps this long")
     p.add_argument("--result-bytes", type=int, default=0, help="echo returns a text this long")
+    p.add_argument("--stateless", action="store_true", help="HTTP: stateless_http=True (no sessions), JSON answers")
+    p.add_argument("--modern-sleep-ms", type=float, default=0.0, help="echo sleeps this much more in the 2026 era")
+    p.add_argument("--tag-era", action="store_true", help="echo names the era it was asked in (_meta bench/era)")
     args = p.parse_args()
     uvloop = {"use_uvloop": importlib.util.find_spec("uvloop") is not None}
     if args.kind == "mcpserver":
@@ -230,9 +248,9 @@ def main() -> None:
         else:
             anyio.run(mcp.run_stdio_async, backend_options=uvloop)
         return
-    server = build_server(args.name, args.tools, args.sleep_ms, args.result_bytes)
+    server = build_server(args.name, args.tools, args.sleep_ms, args.result_bytes, args.modern_sleep_ms, args.tag_era)
     if args.transport == "http":
-        serve_http(http_app(server, args.host, sse=False), args.host, args.port)
+        serve_http(http_app(server, args.host, sse=False, stateless=args.stateless), args.host, args.port)
     else:
         anyio.run(serve_stdio, server, backend_options=uvloop)
 

@@ -5,7 +5,8 @@ wrk (see loadgen.py). Requests are shaped like the SDK client's own (captured fr
 
 - 2025-11-25: POST `initialize` (no session header), read `Mcp-Session-Id` from the answer, POST
   `notifications/initialized` (202), then every request carries `Mcp-Session-Id` and
-  `MCP-Protocol-Version: 2025-11-25`; DELETE ends the session.
+  `MCP-Protocol-Version: 2025-11-25`; DELETE ends the session. A stateless server (`stateless_http=True`)
+  issues no session id: its requests carry `MCP-Protocol-Version` alone.
 - 2026-07-28: no handshake and no session. Every POST carries `MCP-Protocol-Version: 2026-07-28` and
   `Mcp-Method: <method>` (plus `Mcp-Name: <tool>` on `tools/call`), and its params carry the `_meta`
   envelope `io.modelcontextprotocol/protocolVersion`, `.../clientInfo` and `.../clientCapabilities`.
@@ -182,8 +183,11 @@ class Connection:
             self._conn = None
 
 
-def open_session(conn: Connection, era: str) -> Session:
-    """Do the handshake of `era` and return what later requests must carry."""
+def open_session(conn: Connection, era: str, *, stateless: bool = False) -> Session:
+    """Do the handshake of `era` and return what later requests must carry.
+
+    A 2025-era answer without `Mcp-Session-Id` is an error unless the server is `stateless` (the SDK's
+    `stateless_http=True`), whose clients go on with `MCP-Protocol-Version` alone, as the SDK's client does."""
     if era == LEGACY:
         bare = Session(era, {})
         params = {"protocolVersion": LEGACY, "capabilities": {}, "clientInfo": CLIENT_INFO}
@@ -194,9 +198,12 @@ def open_session(conn: Connection, era: str) -> Session:
         result = reply.response(request_id)
         version = str(result.get("protocolVersion"))
         session_id = reply.headers.get("mcp-session-id")
-        if not session_id:
+        if session_id:
+            session = Session(era, {"Mcp-Session-Id": session_id, "MCP-Protocol-Version": version}, None, session_id)
+        elif stateless:
+            session = Session(era, {"MCP-Protocol-Version": version})
+        else:
             raise McpError("initialize: no Mcp-Session-Id in the answer")
-        session = Session(era, {"Mcp-Session-Id": session_id, "MCP-Protocol-Version": version}, None, session_id)
         ack = conn.post(session, session.body(None, "notifications/initialized"))
         if ack.status not in (200, 202):
             raise McpError(f"notifications/initialized: HTTP {ack.status}")

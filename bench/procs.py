@@ -173,6 +173,7 @@ class FixtureSpec:
     sleep_ms: float = 0.0
     result_bytes: int = 0
     kind: str = "lowlevel"  # "lowlevel" (the SDK's low-level Server) or "mcpserver" (its high-level MCPServer)
+    stateless: bool = False  # over HTTP: the SDK's stateless mode (stateless_http=True, JSON answers, no sessions)
 
     def args(self) -> list[str]:
         out = ["--kind", self.kind, "--tools", str(self.tools)]
@@ -208,6 +209,8 @@ def start_http_fixture(name: str, spec: FixtureSpec, workdir: Path) -> HttpFixtu
     """Start a fixture over streamable HTTP and wait until it listens."""
     port = free_port()
     cmd = [PYTHON, str(FIXTURE), "--transport", "http", "--port", str(port), "--name", name, *spec.args()]
+    if spec.stateless:
+        cmd.append("--stateless")
     proc = Proc(f"fixture {name}", cmd, workdir / f"fixture-{name}.log")
     wait_port(proc, port, 20)
     return HttpFixture(name, spec, port, proc)
@@ -242,12 +245,13 @@ def write_gateway_config(servers: dict[str, dict[str, Any]], path: Path) -> Path
     return path
 
 
-def start_gateway(servers: dict[str, dict[str, Any]], workdir: Path, tag: str) -> Gateway:
+def start_gateway(servers: dict[str, dict[str, Any]], workdir: Path, tag: str, tree: Path = REPO) -> Gateway:
     """Start `python -m gateway serve` on a fresh port with a generated config (it answers before upstreams).
 
-    Logging is the default (info, JSON lines off a terminal) into a file: one line per call, as users run it."""
+    Logging is the default (info, JSON lines off a terminal) into a file, as users run it. `tree`: the directory
+    whose `gateway` package runs (another checkout's, for an A/B of two trees; `python -m` puts it first)."""
     config = write_gateway_config(servers, workdir / f"gateway-{tag}.yaml")
     port = free_port()
     cmd = [PYTHON, "-m", "gateway", "serve", "--config", str(config), "--port", str(port)]
-    proc = Proc(f"gateway {tag}", cmd, workdir / f"gateway-{tag}.log")
+    proc = Proc(f"gateway {tag}", cmd, workdir / f"gateway-{tag}.log", cwd=tree)
     return Gateway(port, proc, config)

@@ -1,13 +1,17 @@
 """Run the whole benchmark: every figure as a ratio to calling the same fixture directly, in alternating rounds.
 
-`python -m bench` (full run, about 15-16 minutes on 2 cores), `python -m bench --quick` (smoke run, a few
-minutes; its figures are not worth comparing), `python -m bench --profile` (py-spy on the gateway during the
-echo c=16 HTTP scenario). Results go to bench/results/latest.json and latest.md.
+`python -m bench` (full run, about 15-16 minutes on 2 cores, more with both fixture modes), `python -m bench
+--quick` (smoke run, a few minutes; its figures are not worth comparing), `python -m bench --profile` (py-spy on
+the gateway during the echo c=16 scenarios). Results go to bench/results/latest.json and latest.md.
 
-The gateway runs with its default configuration (no per-server limits set). The calls phase runs twice, over
-the lean low-level fixture and over the same tools written on the SDK's `MCPServer` (fixture.py --kind), each
-compared with that fixture called directly. Beside the gateway, the peer column measures FastMCP's proxy
-(bench/peer.py, peer_fastmcp.py) in front of the same fixtures in the same rounds; `--no-peer` leaves it out.
+The gateway runs with its default configuration (no per-server limits set). The calls phase runs over the lean
+low-level fixture and over the same tools written on the SDK's `MCPServer` (fixture.py --kind), each compared
+with that fixture called directly; with `--fixture-mode stateless` (or `both`, the default) it also runs over
+the low-level fixture in the SDK's stateless mode (`stateless_http=True, json_response=True`, no
+`Mcp-Session-Id`; the same server over stdio), whose 2025-era clients do `initialize` and go on without a
+session. Beside the gateway, the peer column measures FastMCP's proxy (bench/peer.py, peer_fastmcp.py) in front
+of the same fixtures in the same rounds; `--no-peer` leaves it out. `--upstream-protocol V` sets `protocol: V` on
+every server of the calls phase's gateway (an A/B of what the gateway speaks upstream; not the default config).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -78,7 +82,8 @@ MIB = 1024 * 1024
 X = "\N{MULTIPLICATION SIGN}"
 NA = "\N{EN DASH}"  # not applicable
 KINDS = ("lowlevel", "mcpserver")  # fixture.py --kind: the lean low-level Server, the high-level MCPServer
-# Targets of issue 17, the same for every kind of upstream.
+FIXTURE_MODES = ("stateful", "stateless")  # the HTTP fixtures' session mode (fixture.py --stateless)
+# Targets, the same for every kind of upstream.
 ECHO_C1_ADDED_MS = 0.3
 ECHO_HTTP_C16 = 0.9
 ECHO_STDIO_C16 = 0.9
@@ -127,6 +132,7 @@ class Target:
     stdio: list[str] | None = None  # a stdio server called directly: its command, driven by stdioload.py
     expect_text: str | None = None  # the text every stdio answer must echo
     era: str = ""
+    stateless: bool = False  # the endpoint issues no Mcp-Session-Id (a stateless fixture called directly)
 
     @property
     def is_direct(self) -> bool:
@@ -222,8 +228,20 @@ def _added_rss_row(
 class Bench:
     """Owns every process it starts and every figure it measures."""
 
-    def __init__(self, plan: Plan, out_dir: Path, log: Callable[[str], None] = print, peer: bool = True) -> None:
+    def __init__(
+        self,
+        plan: Plan,
+        out_dir: Path,
+        log: Callable[[str], None] = print,
+        peer: bool = True,
+        fixture_modes: tuple[str, ...] = FIXTURE_MODES,
+        upstream_protocol: str | None = None,
+        gateway_tree: Path = REPO,
+    ) -> None:
         self.plan = plan
+        self.gateway_tree = gateway_tree  # whose `gateway` package runs (--gateway-tree)
+        self.fixture_modes = fixture_modes
+        self.upstream_protocol = upstream_protocol  # `protocol:` on every calls-phase server (None: the default)
         self.out_dir = out_dir
         self.log = log
         self.wrk = ensure_wrk()
@@ -293,7 +311,7 @@ class Bench:
                 time.sleep(0.05)
 
     def gateway(self, servers: dict[str, dict[str, Any]], tag: str) -> Gateway:
-        gw = start_gateway(servers, self.workdir, tag)
+        gw = start_gateway(servers, self.workdir, tag, self.gateway_tree)
         self.procs.append(gw.proc)
         return gw
 
@@ -350,7 +368,7 @@ class Bench:
             return
         conn = Connection(target.endpoint)
         n = concurrency if era == LEGACY else 1
-        target.sessions = [open_session(conn, era) for _ in range(n)]
+        target.sessions = [open_session(conn, era, stateless=target.stateless) for _ in range(n)]
         session = target.sessions[0]
         request_id = conn.next_id()
         reply = conn.post(session, session.body(request_id, target.method, target.params))
@@ -477,20 +495,24 @@ class Bench:
     def calls_phase(self) -> None:
         """For each kind of fixture: echo at c=1 and c=16 via HTTP and stdio upstreams, the 50 ms tool at c=64,
         the 1 MiB result at c=4, in both eras; the gateway and the peer each compared with the fixture called
-        directly in the same rounds."""
-        for kind in KINDS:
-            self.calls_for(kind)
+        directly in the same rounds. In the stateless fixture mode, the low-level fixture in the SDK's stateless
+        HTTP mode."""
+        if "stateful" in self.fixture_modes:
+            for kind in KINDS:
+                self.calls_for(kind)
+        if "stateless" in self.fixture_modes:
+            self.calls_for("lowlevel", stateless=True)
 
-    def calls_for(self, kind: str) -> None:
+    def calls_for(self, kind: str, stateless: bool = False) -> None:
         n = self.plan.dummy_tools
         specs = {
-            "h": FixtureSpec(tools=n, kind=kind),
-            "slow": FixtureSpec(tools=n, sleep_ms=50, kind=kind),
-            "big": FixtureSpec(tools=n, result_bytes=MIB, kind=kind),
+            "h": FixtureSpec(tools=n, kind=kind, stateless=stateless),
+            "slow": FixtureSpec(tools=n, sleep_ms=50, kind=kind, stateless=stateless),
+            "big": FixtureSpec(tools=n, result_bytes=MIB, kind=kind, stateless=stateless),
         }
-        lean = kind == "lowlevel"
-        tag = "" if lean else "-mcpserver"
-        self.log(f"calls ({kind} fixtures): starting fixtures, the gateway and the peers")
+        lean = kind == "lowlevel" and not stateless  # the stateful low-level fixture: the first table's rows
+        tag = "-stateless" if stateless else "" if lean else "-mcpserver"
+        self.log(f"calls ({kind}{' stateless' if stateless else ''} fixtures): starting fixtures, gateway and peers")
         fx = {name: self.fixture(f"{'echo' if name == 'h' else name}{tag}", spec) for name, spec in specs.items()}
         servers: dict[str, dict[str, Any]] = {
             "h": {"url": fx["h"].url},
@@ -500,6 +522,9 @@ class Bench:
             # the same fixture, spoken to in the handshake era: the `protocol` option, for servers of large results
             "big25": {"url": fx["big"].url, "protocol": LEGACY},
         }
+        if self.upstream_protocol is not None:
+            for name in ("h", "s", "slow", "big"):
+                servers[name]["protocol"] = self.upstream_protocol
         gw = self.gateway(servers, f"calls{tag}")
         self.wait_tools(gw, {"h__echo", "s__echo", "slow__echo", "big__echo", "big25__echo"})
         upstreams: dict[str, str | list[str]] = {
@@ -530,7 +555,9 @@ class Bench:
             ep = Endpoint.parse(fx[name].url)
             params = {"name": "echo", "arguments": {"text": ECHO_TEXT}}
             watch = {"upstream": fx[name].proc.pid}
-            return Target("direct", ep, "tools/call", params, watch, check=check, check_body=not large(name))
+            return Target(
+                "direct", ep, "tools/call", params, watch, check=check, check_body=not large(name), stateless=stateless
+            )
 
         def direct_stdio() -> Target:
             """The stdio fixture called directly over its pipes: the baseline of the stdio rows."""
@@ -563,8 +590,8 @@ class Bench:
             p = peers.get(server, self.peer_reason or "not measured")
             return p if isinstance(p, str) else None
 
-        scenario = "" if lean else "MCPServer "
-        up = "upstream" if lean else "MCPServer upstream"
+        scenario = "" if lean else "stateless " if stateless else "MCPServer "
+        up = "upstream" if lean else "stateless upstream" if stateless else "MCPServer upstream"
         rss_load: list[int] = []
         for era in ERAS:
             for c in (1, 16):
@@ -581,7 +608,7 @@ class Bench:
                     rss_load += [
                         r.rss_max_kib.get("gateway", 0) for k in res if k.startswith("gateway") for r in res[k]
                     ]
-                self.echo_rows(era, c, res, up, {"HTTP": missing("h"), "stdio": missing("s")})
+                self.echo_rows(era, c, res, up, {"HTTP": missing("h"), "stdio": missing("s")}, stateless)
             res = self.alternate(
                 f"{scenario}50 ms tool c=64",
                 era,
@@ -659,7 +686,13 @@ class Bench:
         return f"{shown}{X} ({calls:.0f}/s{note})", {"peer_ratio": ratio, "peer_value": calls}
 
     def echo_rows(
-        self, era: str, c: int, res: dict[str, list[LoadResult]], up: str, missing: dict[str, str | None]
+        self,
+        era: str,
+        c: int,
+        res: dict[str, list[LoadResult]],
+        up: str,
+        missing: dict[str, str | None],
+        stateless: bool = False,
     ) -> None:
         for key, label in (("gateway http", "HTTP"), ("gateway stdio", "stdio")):
             peer_key = key.replace("gateway", "peer")
@@ -668,6 +701,14 @@ class Bench:
             if c == 16:
                 goal = ECHO_HTTP_C16 if label == "HTTP" else ECHO_STDIO_C16
                 scenario = f"echo via {label} {up}, c=16, calls/s ({era})"
+                if stateless and label == "stdio":
+                    # as the second benchmark judges it: the hop over stdio against the stateless HTTP fixture direct,
+                    # the same server called over its pipes beside it
+                    scenario = f"echo via {label} upstream, c=16, against the stateless HTTP fixture, calls/s ({era})"
+                    self.throughput_row(
+                        scenario, res, key, goal, missing[label], peer_key, "direct", ("direct stdio", "over its pipes")
+                    )
+                    continue
                 self.throughput_row(scenario, res, key, goal, missing[label], peer_key, direct_key)
             else:
                 d = [r.p50_ms for r in res[direct_key]]
@@ -708,16 +749,22 @@ class Bench:
         peer_missing: str | None = None,
         peer_key: str = "peer",
         direct_key: str = "direct",
+        aside: tuple[str, str] | None = None,
     ) -> None:
+        """A calls/s row: the median per-round ratio of `key` to `direct_key`; `aside` (a key and its label) adds
+        the ratio to another baseline in brackets (by default, the HTTP fixture's when the row's is not)."""
         d = [r.calls_per_s for r in res[direct_key]]
         g = [r.calls_per_s for r in res[key]]
         ratio = median(gv / dv for dv, gv in zip(d, g, strict=True) if dv)
         peer, peer_data = self.peer_cell(res, peer_key, peer_missing, direct_key=direct_key)
         shown = f"{ratio:.2f}{X}"
-        if direct_key != "direct":
-            http = [r.calls_per_s for r in res["direct"]]
-            peer_data["ratio_to_http_fixture"] = to_http = median(gv / hv for hv, gv in zip(http, g, strict=True) if hv)
-            shown += f" ({to_http:.2f}{X} of the HTTP fixture)"
+        if aside is None and direct_key != "direct":
+            aside = ("direct", "the HTTP fixture")
+        if aside is not None:
+            other = [r.calls_per_s for r in res[aside[0]]]
+            to_other = median(gv / hv for hv, gv in zip(other, g, strict=True) if hv)
+            peer_data["ratio_to_http_fixture" if aside[0] == "direct" else f"ratio_to_{aside[0]}"] = to_other
+            shown += f" ({to_other:.2f}{X} of {aside[1] if aside[0] == 'direct' else f'the server {aside[1]}'})"
         self.rows.append(
             Row(
                 scenario,
@@ -964,6 +1011,8 @@ class Bench:
             "versions": self.versions_at_start,
             "versions_changed_during_run": self.versions() != self.versions_at_start,
             "git": git_describe(),
+            "gateway_tree": None if self.gateway_tree == REPO else str(self.gateway_tree),
+            "upstream_protocol": self.upstream_protocol,
             "generator": {"calls": self.calls, "cpu_s": round(self.generator_cpu_s, 3), "cpu_us_per_call": gen},
             "peer_reason": self.peer_reason,
             "rows": [r.to_json() for r in self.rows],
@@ -1164,7 +1213,14 @@ def markdown(report: dict[str, Any]) -> str:
         f"Machine: {m['nproc']} cores, {m['cpu_model']}, {m['memory_gib']} GiB, Python {m['python']}, "
         f"load average at start {m['load_average_at_start']}. mcp {v['mcp']}, uvicorn {v['uvicorn']}, "
         f"uvloop {v['uvloop']}, httptools {v['httptools']}, {v['wrk']}. Gateway at {report['git']['commit']}"
-        f"{' (with uncommitted gateway changes)' if report['git']['dirty'] else ''}, default configuration. "
+        f"{' (with uncommitted gateway changes)' if report['git']['dirty'] else ''}"
+        + (f", the gateway package run from {report['gateway_tree']}" if report.get("gateway_tree") else "")
+        + (
+            f", every calls-phase server set to `protocol: {report['upstream_protocol']}`"
+            if report.get("upstream_protocol")
+            else ", default configuration"
+        )
+        + ". "
         + _peer_note(report)
         + f"Took {report['elapsed_s']:.0f} s{_phases_note(report)}{'' if report['completed'] else ' (INCOMPLETE)'}."
         + _native_note(report)
@@ -1184,7 +1240,9 @@ def markdown(report: dict[str, Any]) -> str:
         "Ratios are medians of per-round ratios; each round runs the direct fixture, then the gateway, then the "
         f"peer ({report['plan']['rounds']} rounds of {report['plan']['duration']:g} s per scenario and era, after "
         'a warm-up). Rows without "MCPServer" use the lean low-level fixture; the MCPServer rows use the same '
-        "tools written on the SDK's MCPServer, called directly and through the gateway. The peer column is "
+        "tools written on the SDK's MCPServer, called directly and through the gateway; the stateless rows the "
+        "low-level fixture in the SDK's stateless HTTP mode (stateless_http=True, JSON answers, no Mcp-Session-Id). "
+        "The peer column is "
         f"{PEER_NAME} (create_proxy, its default session strategy) in front of the same fixture, in the ratio "
         "column's terms, with its own median in brackets. The stdio rows compare the hop over a stdio upstream "
         "with the same stdio server called directly over its pipes (bench/stdioload.py, an asyncio driver that keeps "
@@ -1276,49 +1334,73 @@ def write_results(report: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
 # --- profile ----------------------------------------------------------------------------------------
 
 
-def profile(out_dir: Path, duration: float = 8.0) -> None:
-    """py-spy on the gateway while wrk drives echo c=16 through an HTTP upstream, in each era."""
+def profile(
+    out_dir: Path,
+    duration: float = 8.0,
+    stateless: bool = False,
+    protocol: str | None = None,
+    eras: tuple[str, ...] = ERAS,
+    tree: Path = REPO,
+) -> None:
+    """py-spy on the gateway while wrk drives echo c=16 through an HTTP upstream and a stdio upstream, in each era.
+
+    `stateless`: the HTTP fixture in the SDK's stateless mode; `protocol`: `protocol:` set on both servers. The
+    files are named after both (profile-2025.svg, profile-2025-stdio.svg, profile-stateless-2025-11-25-2026.svg...),
+    the summary goes to profile{the same suffix}.md."""
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not Path(py_spy).exists():
         raise SystemExit("py-spy is not installed: `pip install py-spy`")
-    bench = Bench(QUICK, out_dir)
+    bench = Bench(QUICK, out_dir, gateway_tree=tree)
     out_dir.mkdir(parents=True, exist_ok=True)
+    suffix = ("-stateless" if stateless else "") + (f"-{protocol}" if protocol else "")
     try:
-        fx = bench.fixture("echo", FixtureSpec(tools=10))
-        gw = bench.gateway({"h": {"url": fx.url}}, "profile")
-        bench.wait_tools(gw, {"h__echo"})
-        params = {"name": "h__echo", "arguments": {"text": ECHO_TEXT}}
+        spec = FixtureSpec(tools=10, stateless=stateless)
+        fx = bench.fixture("echo", spec)
+        servers: dict[str, dict[str, Any]] = {"h": {"url": fx.url}, "s": spec.stdio_server()}
+        if protocol is not None:
+            for entry in servers.values():
+                entry["protocol"] = protocol
+        gw = bench.gateway(servers, "profile")
+        bench.wait_tools(gw, {"h__echo", "s__echo"})
         summary = []
-        for era in ERAS:
-            target = Target("gateway http", Endpoint.parse(gw.url), "tools/call", params, {"gateway": gw.pid})
-            bench.prepare(target, era, 16)
-            bench.load(target, 16, 1)
-            tag = "2025" if era == LEGACY else "2026"
-            svg = out_dir / f"profile-{tag}.svg"
-            raw = bench.workdir / f"profile-{tag}.txt"  # collapsed stacks, summarised into profile.md
-            for fmt, path in (("flamegraph", svg), ("raw", raw)):
-                # blocking sampling (the default) pauses the gateway per sample but gives whole stacks
-                cmd = [py_spy, "record", "--pid", str(gw.pid), "--duration", f"{duration:g}", "--rate", "200"]
-                cmd += ["--format", fmt, "--output", str(path)]
-                spy = subprocess.Popen(
-                    cmd,
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.PIPE,
-                )
-                res = bench.load(target, 16, duration + 1)
-                _, err = spy.communicate()
-                if spy.returncode != 0:
-                    raise RuntimeError(f"py-spy failed: {err.decode(errors='replace')[-500:]}")
-                bench.log(f"  {era} {fmt}: {res.calls_per_s:.0f} calls/s, gateway {res.cpu_ms_per_call} ms CPU/call")
-            summary.append(f"## {era}\n\n{hotspots(raw)}")
-            bench.release(target)
+        for era in eras:
+            for server, via in (("h", ""), ("s", "-stdio")):
+                params = {"name": f"{server}__echo", "arguments": {"text": ECHO_TEXT}}
+                target = Target(f"gateway {server}", Endpoint.parse(gw.url), "tools/call", params, {"gateway": gw.pid})
+                bench.prepare(target, era, 16)
+                bench.load(target, 16, 1)
+                tag = ("2025" if era == LEGACY else "2026") + via
+                svg = out_dir / f"profile{suffix}-{tag}.svg"
+                raw = bench.workdir / f"profile{suffix}-{tag}.txt"  # collapsed stacks, summarised into profile.md
+                for fmt, path in (("flamegraph", svg), ("raw", raw)):
+                    # blocking sampling (the default) pauses the gateway per sample but gives whole stacks
+                    cmd = [py_spy, "record", "--pid", str(gw.pid), "--duration", f"{duration:g}", "--rate", "200"]
+                    cmd += ["--format", fmt, "--output", str(path)]
+                    spy = subprocess.Popen(
+                        cmd,
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.PIPE,
+                    )
+                    res = bench.load(target, 16, duration + 1)
+                    _, err = spy.communicate()
+                    if spy.returncode != 0:
+                        raise RuntimeError(f"py-spy failed: {err.decode(errors='replace')[-500:]}")
+                    bench.log(
+                        f"  {era} {'stdio' if via else 'http'} {fmt}: {res.calls_per_s:.0f} calls/s, "
+                        f"gateway {res.cpu_ms_per_call} ms CPU/call"
+                    )
+                upstream = "a stdio upstream" if via else "an HTTP upstream"
+                summary.append(f"## {era}, {upstream}\n\n{hotspots(raw)}")
+                bench.release(target)
+        fixture = "the SDK's stateless HTTP mode" if stateless else "its default (stateful) HTTP mode"
         note = (
-            "py-spy samples of the gateway while wrk drives echo at c=16 through an HTTP upstream "
-            f"({duration:g} s per era; flame graphs in profile-2025.svg and profile-2026.svg). Self % of very "
+            "py-spy samples of the gateway while wrk drives echo at c=16 through an HTTP upstream and a stdio "
+            f"upstream (the low-level fixture, in {fixture}; {duration:g} s per era and upstream; flame graphs in "
+            f"profile{suffix}-*.svg; the servers' `protocol`: {protocol or 'auto (the default)'}). Self % of very "
             "small, very frequent functions (anyio's current_async_library, asyncio's current_task) comes out "
             "inflated under py-spy here; weigh the inclusive table and the package totals more.\n\n"
         )
-        (out_dir / "profile.md").write_text(note + "\n".join(summary))
+        (out_dir / f"profile{suffix}.md").write_text(note + "\n".join(summary))
         print("\n".join(summary))
     finally:
         bench.stop_all()
@@ -1386,18 +1468,49 @@ def _frame(f: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="a short smoke run (figures not comparable)")
-    parser.add_argument("--profile", action="store_true", help="py-spy the gateway under echo c=16 via HTTP")
+    parser.add_argument("--profile", action="store_true", help="py-spy the gateway under echo c=16 via HTTP and stdio")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results directory (default bench/results)")
     parser.add_argument(
         "--only", choices=["calls", "twenty", "conversations", "search", "sandbox"], help="run one phase only"
     )
     parser.add_argument("--no-peer", action="store_true", help=f"leave the peer ({PEER_NAME}) out")
+    parser.add_argument(
+        "--fixture-mode",
+        choices=[*FIXTURE_MODES, "both"],
+        default="both",
+        help="the HTTP fixtures of the calls phase: stateful (the SDK's default sessions), stateless "
+        "(stateless_http=True, JSON answers; the low-level fixture only), or both (the default); with --profile, "
+        "stateless profiles the stateless fixture",
+    )
+    parser.add_argument(
+        "--upstream-protocol",
+        choices=["auto", "2025-11-25", "2026-07-28"],
+        help="set `protocol:` on the calls phase's servers (an A/B; the table's figures are the default, unset)",
+    )
+    parser.add_argument(
+        "--gateway-tree",
+        type=Path,
+        default=REPO,
+        help="run the `gateway` package of another directory (e.g. `git archive` of another commit), for an A/B",
+    )
+    parser.add_argument("--rounds", type=int, help="alternating rounds per scenario (overrides the plan's)")
     args = parser.parse_args(argv)
+    modes = FIXTURE_MODES if args.fixture_mode == "both" else (args.fixture_mode,)
     if args.profile:
-        profile(args.out)
+        stateless = args.fixture_mode == "stateless"
+        profile(args.out, stateless=stateless, protocol=args.upstream_protocol, tree=args.gateway_tree)
         return 0
     plan = QUICK if args.quick else FULL
-    bench = Bench(plan, args.out, peer=not args.no_peer)
+    if args.rounds:
+        plan = replace(plan, name=f"{plan.name}-{args.rounds}-rounds", rounds=args.rounds)
+    bench = Bench(
+        plan,
+        args.out,
+        peer=not args.no_peer,
+        fixture_modes=modes,
+        upstream_protocol=args.upstream_protocol,
+        gateway_tree=args.gateway_tree,
+    )
     started = time.monotonic()
     completed = False
     print(f"bench: {plan.name} run; logs and configs in {bench.workdir}")

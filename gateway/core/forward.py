@@ -22,14 +22,16 @@ from mcp import MCPError
 from gateway import SERVER_INFO
 from gateway.catalog.labels import META_PREFIX
 from gateway.catalog.merged import Entry
+from gateway.observe import tracing
 from gateway.observe.logs import get_logger
+from gateway.observe.tracing import Tracing, carry, failed
 from gateway.policy.backoff import Backoff
 from gateway.protocol.era import LOG_LEVEL_KEY, RESERVED_META, Era
 from gateway.protocol.errors import CallFailed, State, describe
 from gateway.relay.asks import Caller, Mute, declared, talks
 from gateway.relay.context import CallContext
 from gateway.relay.rounds import answer_rounds
-from gateway.upstream.connection import Upstream
+from gateway.upstream.server import UpstreamServer
 from gateway.upstream.transports.http import FORWARDED
 
 if TYPE_CHECKING:
@@ -37,6 +39,8 @@ if TYPE_CHECKING:
 
 Json = dict[str, Any]
 log = get_logger("calls")
+QUIET_OUTCOMES = frozenset({"ok", "cancelled"})
+"""Outcomes of a tool call whose log line is a debug line (see `_account`)."""
 
 
 def forwardable_meta(meta: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -63,7 +67,7 @@ def tool_request(
     return params
 
 
-def with_log_level(meta: Mapping[str, Any], caller: Caller, upstream: Upstream) -> Mapping[str, Any]:
+def with_log_level(meta: Mapping[str, Any], caller: Caller, upstream: UpstreamServer) -> Mapping[str, Any]:
     """A 2025-era caller's session log level, as the per-request opt-in a 2026-era server reads."""
     level = getattr(caller, "level", None)
     if level is None or not Era.of(upstream.protocol_version).modern or LOG_LEVEL_KEY in meta:
@@ -71,7 +75,7 @@ def with_log_level(meta: Mapping[str, Any], caller: Caller, upstream: Upstream) 
     return {**meta, LOG_LEVEL_KEY: level}
 
 
-def upstream_of(registry: Registry, server: str, conversation: str | None) -> Upstream | None:
+def upstream_of(registry: Registry, server: str, conversation: str | None) -> UpstreamServer | None:
     """The server a request names: a configured or runtime one, or one the request's conversation handed over."""
     return registry.upstreams.get(server) or registry.conversations.handed(conversation, server)
 
@@ -125,9 +129,13 @@ async def forward(
         meta = with_log_level(params.get("_meta") or {}, caller, upstream)
         params = {**params, "_meta": meta} if meta else params
     lean = method == "tools/call" and not talks(caller)
+    tracer = tracing.ACTIVE
+    tally = _Tally(entry.original if entry is not None else params.get("name")) if tracer is not None else None
 
-    async def exchange(serving: Upstream) -> Json:
+    async def exchange(serving: UpstreamServer) -> Json:
         def send(rounds: Json, lean: bool = lean) -> Awaitable[Json]:
+            if tracer is not None and tally is not None:
+                return _traced(tracer, tally, serving, method, {**params, **rounds}, call, lean, capabilities)
             return serving.request(method, {**params, **rounds}, call.progress, lean=lean, capabilities=capabilities)
 
         with serving.callers.serving(caller if caller is not None else Mute()):
@@ -143,7 +151,7 @@ async def forward(
     try:
         tool = entry.original if entry is not None else None
         known = caller.capabilities if caller is not None else None
-        async with registry.connection(upstream, call.version, known, tool, call.conversation) as serving:
+        async with registry.connection(upstream, call.version, known, tool, call.conversation, plain=lean) as serving:
             raw = await exchange(serving)
         outcome = "tool_error" if raw.get("isError") else "ok"
     except CallFailed as failure:
@@ -156,10 +164,12 @@ async def forward(
         outcome = "tool_error"
         raise MCPError(e.code, describe(e), e.error.data) from None
     finally:
+        if tally is not None:
+            _traced_outcome(server, outcome, tally)
         if entry is not None:
             elapsed = time.perf_counter() - started
             # counted and logged once the caller's answer is on its way: the bookkeeping stays off its latency
-            asyncio.get_running_loop().call_soon(_account, registry, entry, outcome, elapsed, call)
+            asyncio.get_running_loop().call_soon(_account, registry, entry, outcome, elapsed, call, params)
     if call.progress is not None:
         await call.progress.drain()
     if entry is not None:
@@ -167,7 +177,7 @@ async def forward(
     return labelled(raw, method, server, "trusted" if spec.trusted else "outside", call.version)
 
 
-async def _with_retries(upstream: Upstream, entry: Entry, send: Callable[[Json], Awaitable[Json]]) -> Json:
+async def _with_retries(upstream: UpstreamServer, entry: Entry, send: Callable[[Json], Awaitable[Json]]) -> Json:
     """Send once; on a transient failure retry read-only/idempotent tools with capped backoff (a request that was
     never sent, any tool)."""
     policy = upstream.spec.retry
@@ -191,10 +201,94 @@ async def _with_retries(upstream: Upstream, entry: Entry, send: Callable[[Json],
             await upstream.wait_up(min(upstream.spec.startup_timeout, policy.max_delay), connection if gone else None)
 
 
-def _account(registry: Registry, entry: Entry, outcome: str, elapsed: float, call: CallContext) -> None:
-    """A forwarded call's metrics and its log line."""
-    registry.metrics.record_call(entry.server, entry.public, outcome, elapsed, call.endpoint, call.who)
-    log.info(
+class _Tally:
+    """A traced request's attempts upstream (tracing on only)."""
+
+    __slots__ = ("attempts", "target")
+
+    def __init__(self, target: Any) -> None:
+        self.attempts = 0
+        self.target = target if isinstance(target, str) else None
+
+
+async def _traced(
+    tracer: Tracing,
+    tally: _Tally,
+    serving: UpstreamServer,
+    method: str,
+    params: Json,
+    call: CallContext,
+    lean: bool,
+    capabilities: Json,
+) -> Json:
+    """One attempt of a request upstream in a CLIENT span of its own (a child of the current server span), the
+    request carrying THAT span's context: in `_meta` (in place of the caller's), and over HTTP in the
+    `traceparent` header (see `observe.tracing`)."""
+    tally.attempts += 1
+    attributes: Json = {
+        "mcp.method.name": method,
+        "manifold.server": serving.name,
+        "manifold.attempt": tally.attempts,
+        "mcp.protocol.version": serving.protocol_version or "",
+        "network.transport": "pipe" if serving.spec.kind == "stdio" else "tcp",
+    }
+    target = tally.target if method in ("tools/call", "prompts/get") else None
+    if method == "tools/call" and target is not None:
+        attributes["gen_ai.operation.name"] = "execute_tool"
+        attributes["gen_ai.tool.name"] = target
+    elif target is not None:
+        attributes["gen_ai.prompt.name"] = target
+    elif isinstance(uri := params.get("uri"), str):
+        attributes["mcp.resource.uri"] = uri
+    with tracer.sending(method, target, attributes) as span:
+        meta = dict(params.get("_meta") or {})
+        headers = carry(span, meta)
+        sent = FORWARDED.set({**(FORWARDED.get() or {}), **headers})
+        try:
+            raw = await serving.request(
+                method, {**params, "_meta": meta}, call.progress, lean=lean, capabilities=capabilities
+            )
+        except CallFailed as failure:
+            failed(span, failure.outcome)
+            raise
+        finally:
+            FORWARDED.reset(sent)
+        if raw.get("isError") is True:
+            failed(span, "tool_error")
+        return raw
+
+
+def _traced_outcome(server: str, outcome: str, tally: _Tally) -> None:
+    """The server span's share of a forwarded request: its server, outcome and retries."""
+    span = tracing.current_span()
+    span.set_attribute("manifold.server", server)
+    span.set_attribute("manifold.outcome", outcome)
+    span.set_attribute("manifold.retries", max(0, tally.attempts - 1))
+    if outcome != "ok" and not tracing.span_has_error(span):
+        failed(span, outcome)
+
+
+def _account(registry: Registry, entry: Entry, outcome: str, elapsed: float, call: CallContext, params: Json) -> None:
+    """A forwarded call's metrics, its audit line (when kept) and its log line."""
+    metrics = registry.metrics
+    if metrics.audit is None:
+        metrics.record_call(entry.server, entry.public, outcome, elapsed, call.endpoint, call.who)
+    else:
+        metrics.record_call(
+            entry.server,
+            entry.public,
+            outcome,
+            elapsed,
+            call.endpoint,
+            call.who,
+            arguments=params.get("arguments"),
+            trace_id=tracing.trace_id_of(params.get("_meta"), call.headers),
+            request_id=call.request_id,
+            subject=call.subject,
+        )
+    # A call that went as asked (answered, or cancelled by its caller) is a debug line: at the default level a busy
+    # gateway would log a line per call, which is what the metrics count. Every other outcome is logged at info.
+    (log.debug if outcome in QUIET_OUTCOMES else log.info)(
         "tool call",
         request_id=call.request_id,
         server=entry.server,

@@ -47,6 +47,12 @@ def messages_in(body: bytes | bytearray) -> list[Any] | None:
         return None
     except ValueError:
         pass
+    return lines_in(body)
+
+
+def lines_in(body: bytes | bytearray) -> list[Any] | None:
+    """The messages of a body of several JSON values, one per line; None when a line is not JSON. For a body that
+    did not parse as one value (`messages_in` is the whole test)."""
     try:
         return [decode(line) for line in body.splitlines() if line.strip()]
     except ValueError:

@@ -164,19 +164,23 @@ async def test_secrets_never_reach_logs_metrics_or_readyz(tmp_path: Path) -> Non
 
 
 async def test_each_call_logs_one_structured_line(tmp_path: Path) -> None:
-    with run_gateway(tmp_path, {"servers": {"fx": stdio_spec()}}) as gw:
-        async with connect(gw.url, "2026-07-28") as client:
-            await client.wait_for(lambda n: "fx__echo" in n)
-            await client.call("fx__echo", {"text": "logged"})
-            await client.call("fx__fail", {"reason": "r"})
-        events = gw.log_events()
-    calls = [e for e in events if e.get("event") == "tool call"]
-    assert [(e["tool"], e["outcome"]) for e in calls] == [("fx__echo", "ok"), ("fx__fail", "tool_error")]
-    for e in calls:
-        assert e["server"] == "fx"
-        assert isinstance(e["duration_ms"], float)
-        assert e["request_id"] is not None
-        assert e["level"] == "info" and "timestamp" in e
+    """At debug, every call logs one line; at the default level (info), only the calls that did not go as asked:
+    a gateway under load would otherwise write a line per call."""
+    for level in ("debug", "info"):
+        with run_gateway(tmp_path, {"servers": {"fx": stdio_spec()}}, args=("--log-level", level)) as gw:
+            async with connect(gw.url, "2026-07-28") as client:
+                await client.wait_for(lambda n: "fx__echo" in n)
+                await client.call("fx__echo", {"text": "logged"})
+                await client.call("fx__fail", {"reason": "r"})
+            events = gw.log_events()
+        calls = [e for e in events if e.get("event") == "tool call"]
+        expected = [("fx__echo", "ok", "debug"), ("fx__fail", "tool_error", "info")]
+        assert [(e["tool"], e["outcome"], e["level"]) for e in calls] == expected[0 if level == "debug" else 1 :]
+        for e in calls:
+            assert e["server"] == "fx"
+            assert isinstance(e["duration_ms"], float)
+            assert e["request_id"] is not None
+            assert "timestamp" in e
     states = [(e["server"], e["state"]) for e in events if e.get("event") == "upstream state"]
     assert ("fx", "up") in states
     stderr = [e for e in events if e.get("event") == "upstream stderr"]

@@ -298,6 +298,22 @@ async def test_a_json_body_of_several_messages_one_per_line_is_read_as_the_strea
     assert seen == [(1, 2, None)]
 
 
+async def test_one_json_value_written_over_several_lines_is_one_answer_and_garbage_is_refused() -> None:
+    """A body is parsed as one value first (a pretty-printed answer has line breaks before its braces too); only a
+    body that is not one value is read line by line, and one that is neither is refused."""
+    pretty = json.dumps({"jsonrpc": "2.0", "id": 7, "result": {"content": [{"type": "text", "text": "ok"}]}}, indent=2)
+    answers = iter(
+        [[_http("200 OK", "application/json", pretty.encode())], [_http("200 OK", "application/json", b"{oops\n{")]]
+    )
+    async with scripted_server(lambda _: next(answers)) as (url, _, _connections):
+        wire = HttpWire(url, {}, lambda: None)
+        reply = await wire.request(_call(), {}, None)
+        with pytest.raises(BadAnswer, match="Failed to parse JSON response"):
+            await wire.request(_call(), {}, None)
+        wire.close()
+    assert reply["result"]["content"][0]["text"] == "ok"
+
+
 async def test_the_sdk_clients_transport_reads_the_same_body_as_an_event_stream() -> None:
     answer = [_http("200 OK", "application/json", NDJSON_ANSWER)]
     one = [_http("200 OK", "application/json", b'{"jsonrpc":"2.0","id":7,"result":{}}')]

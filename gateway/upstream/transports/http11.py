@@ -40,7 +40,7 @@ from gateway.protocol.jsonrpc import (
     PARSE_ERROR,
     decode,
     encode,
-    messages_in,
+    lines_in,
     report_progress,
 )
 
@@ -435,15 +435,18 @@ class HttpWire:
             raise HttpStatus(status)
         if content_type.startswith(b"application/json"):
             body = await exchange.read()
-            if (several := messages_in(body)) is not None:
+            try:
+                # one value, the common case: parsed at once (searching the body for line breaks first cost more
+                # than the parse: a byte-by-byte search of the whole answer)
+                reply = decode(body)
+            except ValueError:
+                # several values, one per line (some servers answer a request with its notices, then its answer)
+                if (several := lines_in(body)) is None:
+                    raise BadAnswer(PARSE_ERROR, "Failed to parse JSON response") from None
                 for message in several:
                     if (answer := await self._take(message, request_id, progress, headers)) is not None:
                         return answer
-                raise BadAnswer(PARSE_ERROR, "the JSON body held no answer to the request")
-            try:
-                reply = decode(body)
-            except ValueError:
-                reply = None
+                raise BadAnswer(PARSE_ERROR, "the JSON body held no answer to the request") from None
             if not isinstance(reply, dict):
                 raise BadAnswer(PARSE_ERROR, "Failed to parse JSON response")
             return reply
