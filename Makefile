@@ -41,9 +41,10 @@ corpus: tests/thirdparty/node_modules/.installed  ## the four installs side by s
 
 setup: $(VENV)/.installed
 
-system-deps:  ## Debian packages the tests use (redis-server for the shared-store tests, chromium for the console's, bubblewrap for sandboxed stdio servers)
+system-deps:  ## Debian packages the tests use (redis-server for the shared-store tests, haproxy for the replicas', chromium for the console's, bubblewrap for sandboxed stdio servers)
 	@missing=""; \
 	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
+	command -v haproxy >/dev/null || missing="$$missing haproxy"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	command -v bwrap >/dev/null || missing="$$missing bubblewrap"; \
 	[ -z "$$missing" ] || DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing >/dev/null 2>&1 || \
@@ -61,7 +62,8 @@ unit: setup
 	$(BIN)/pytest tests/unit -q
 
 SDK_PATH_TESTS = tests/integration/test_gateway.py tests/integration/test_resilience.py tests/integration/test_security.py \
-  tests/integration/test_oauth.py tests/integration/test_conformance.py tests/integration/test_reference_server.py
+  tests/integration/test_oauth.py tests/integration/test_conformance.py tests/integration/test_reference_server.py \
+  tests/integration/test_replicas.py
 
 # pytest-xdist, one file to a worker (a file's tests share its module-scoped gateways). The tests mostly wait on
 # subprocesses, but those subprocesses need the CPU: two workers for the whole suite and, alongside them, one for
@@ -87,8 +89,9 @@ test: setup system-deps tests/thirdparty/node_modules/.installed tests/thirdpart
 test-all:  ## make test with the slow tests too
 	$(MAKE) --no-print-directory test PYTEST_MARKS=
 
-bench: setup  ## run the benchmark (about 14 min on 2 cores); results in bench/results/latest.md and latest.json
+bench: setup  ## run the benchmark (about 16 min on 2 cores); results in bench/results/latest.md, latest.json and tracing.json
 	$(BIN)/python -m bench $(BENCH_ARGS)
+	$(BIN)/python -m bench.tracing
 
 clean:
 	rm -rf $(VENV) tests/thirdparty/node_modules tests/thirdparty/reference-server/node_modules tests/corpus/node_modules tests/corpus/.venvs .pytest_cache .mypy_cache .ruff_cache

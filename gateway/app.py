@@ -24,9 +24,13 @@ from gateway.core.registry import Registry
 from gateway.downstream.dialin import WorkerDoor
 from gateway.downstream.gate import AuthGate, Limits, transport_security
 from gateway.downstream.oauth import ResourceServer
+from gateway.downstream.replicas import shared_sessions
 from gateway.downstream.server import Frontend
 from gateway.downstream.shortcut import Shortcut
+from gateway.observe import tracing
+from gateway.observe.audit import AuditConfig, AuditLog
 from gateway.observe.logs import get_logger
+from gateway.observe.tracing import TracingConfig
 from gateway.policy.access import views_for
 from gateway.store import open_store
 from gateway.upstream.sandbox import use_default
@@ -54,6 +58,7 @@ class GatewayApp(Starlette):
 def build_app(settings: Settings, config: FileConfig, environ: Mapping[str, str] | None = None) -> Starlette:
     """The whole gateway as one ASGI app; upstreams start with its lifespan."""
     use_default(settings.sandbox)
+    tracer = start_tracing(settings)  # before the frontend: its middleware is chosen by it
     store = open_store(settings.store.get_secret_value() if settings.store else None)
     oauth_key = settings.oauth_key.get_secret_value() if settings.oauth_key else None
     registry = Registry(
@@ -65,6 +70,7 @@ def build_app(settings: Settings, config: FileConfig, environ: Mapping[str, str]
         oauth_key=oauth_key,
     )
     registry.conversations.max_total = settings.max_conversation_instances
+    audit = open_audit(settings, registry)
     confirm_key = settings.confirm_key.get_secret_value().encode() if settings.confirm_key else None
     oauth = settings.auth.oauth
     rules = oauth.rules if oauth is not None else []
@@ -90,16 +96,30 @@ def build_app(settings: Settings, config: FileConfig, environ: Mapping[str, str]
         resource_server.on_outcome = registry.metrics.count_oauth_token
         assert resource_server.keys is not None
         resource_server.keys.on_fetch = registry.metrics.count_key_fetch
-    gate = AuthGate(lane, settings.auth.tokens, frontend.sessions, limits, settings.endpoints, resource_server)
+    shared = shared_sessions(store, frontend.sessions, settings.session_idle_timeout)
+    gate = AuthGate(
+        lane,
+        settings.auth.tokens,
+        frontend.sessions,
+        limits,
+        settings.endpoints,
+        resource_server,
+        shared,
+        shortcut=settings.fast_path,
+    )
 
     async def reload() -> list[str]:
         try:
             fresh = await anyio.to_thread.run_sync(load_config, settings.config, FILE_KEYS)
         except ConfigError as e:
             log.error("config reload refused; nothing changed", problems=e.problems)
+            if audit is not None:
+                audit.act("reload", outcome="refused", problems=len(e.problems))
             raise RuntimeError_(422, e.problems) from None
         changes = await registry.apply_config(fresh.servers)
         log.info("config reloaded", changes=changes)
+        if audit is not None:
+            audit.act("reload", changes=changes)
         return changes
 
     async def on_sighup() -> None:
@@ -120,6 +140,8 @@ def build_app(settings: Settings, config: FileConfig, environ: Mapping[str, str]
             tg.start_soon(runtime.run)
             tg.start_soon(door.departures.run)
             tg.start_soon(on_sighup)
+            if shared is not None:
+                tg.start_soon(shared.follow)
             if resource_server is not None:
                 tg.start_soon(resource_server.warm_up)
             app.state.started = True
@@ -129,6 +151,12 @@ def build_app(settings: Settings, config: FileConfig, environ: Mapping[str, str]
                 frontend.close_listen_streams()
                 tg.cancel_scope.cancel()
                 await store.close()
+                with anyio.CancelScope(shield=True):
+                    if audit is not None:
+                        await anyio.to_thread.run_sync(audit.close)
+                    if tracer is not None:
+                        await anyio.to_thread.run_sync(tracer.shutdown)
+                        tracing.ACTIVE = None
 
     door = WorkerDoor(registry, settings.auth.tokens, settings.workers, settings.max_body_bytes)
     routes: list[BaseRoute] = list(probe_routes(registry, runtime, lambda: bool(app.state.started)))
@@ -144,3 +172,40 @@ def build_app(settings: Settings, config: FileConfig, environ: Mapping[str, str]
     app.state.frontend = frontend
     app.state.runtime = runtime
     return app
+
+
+def start_tracing(settings: Settings) -> tracing.Tracing | None:
+    """The process's tracing (`observe.tracing`), or None when it is off."""
+    block = settings.tracing
+    config = TracingConfig(
+        enabled=block.enabled,
+        endpoint=block.endpoint,
+        headers=block.headers,
+        service_name=block.service_name,
+        sampler=block.sampler,
+        sampler_arg=block.sampler_arg,
+        timeout=block.timeout,
+    )
+    try:
+        tracer = tracing.configure(config)
+    except ValueError as e:  # an OTEL_TRACES_SAMPLER(_ARG) the SDK cannot take
+        raise ConfigError([f"tracing: {e}"]) from None
+    if tracer is not None:
+        log.info("tracing on", endpoint=tracing.shown_url(tracer.url), sampler=tracer.sampler)
+    return tracer
+
+
+def open_audit(settings: Settings, registry: Registry) -> AuditLog | None:
+    """The audit log (`observe.audit`) the `audit:` block asks for, told of calls through the metrics, or None."""
+    block = settings.audit
+    if not block.enabled:
+        return None
+    key = block.digest_key.get_secret_value() if block.digest_key is not None else None
+    config = AuditConfig(enabled=True, path=block.path, queue=block.queue, digest_key=key)
+    try:
+        audit = AuditLog.open(config, on_drop=registry.metrics.audit_dropped.inc)
+    except OSError as e:
+        raise ConfigError([f"audit.path: cannot open {block.path!r} ({e.strerror})"]) from None
+    registry.metrics.audit = audit
+    log.info("audit log on", path=block.path)
+    return audit

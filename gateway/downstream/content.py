@@ -89,6 +89,8 @@ class ContentHandlers:
         session_id = session_of(ctx)
         if session_id is not None:
             self.sessions.set_level(session_id, params.level)
+            if self.sessions.on_level is not None:
+                await self.sessions.on_level(session_id, params.level)
         # A server keeps one level for all its callers: the most verbose any session wants; each session's
         # own level filters what reaches it.
         levels = [*self.sessions.levels(), params.level]

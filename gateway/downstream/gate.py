@@ -24,10 +24,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.config.access import EndpointSpec, TokenSpec
 from gateway.downstream.oauth import Refusal, ResourceServer
+from gateway.downstream.replicas import SharedSessions
 from gateway.downstream.sessions import Sessions, asks_capabilities
 from gateway.observe.logs import get_logger
 from gateway.policy.access import OPEN_VIEW, TokenTable, View, views_for
 from gateway.policy.bucket import TokenBucket
+from gateway.protocol.era import handshake_version
 from gateway.protocol.jsonrpc import decode, encode, error_body
 
 log = get_logger("gate")
@@ -178,6 +180,8 @@ class AuthGate:
     limits: Limits = field(default_factory=Limits)
     endpoints: Mapping[str, EndpointSpec] = field(default_factory=dict)
     oauth: ResourceServer | None = None
+    shared: SharedSessions | None = None  # 2025-era sessions kept in a store every replica reads
+    shortcut: bool = True  # the shortcut serves dormant sessions (and wakes them); without it, they wake here
 
     def __post_init__(self) -> None:
         tokens = list(self.tokens)
@@ -281,9 +285,17 @@ class AuthGate:
         owner = view.name if subject is None else f"{view.name}|sub={subject}"
         raw_session = headers.get(SESSION_HEADER)
         session = raw_session.decode("latin-1") if raw_session is not None else None
-        if session is not None and self.sessions.owner(session) not in (None, owner):
-            await _reject(send, 404, -32600, "Session not found")
-            return
+        if session is not None:
+            known = self.sessions.owner(session)
+            if self.shared is not None:
+                found = await self.shared.resolve(session, owner)
+                if found == "foreign":
+                    known = ""  # another caller's session: as unknown to this one as one that does not exist
+                elif found == "taken" and not self.shortcut:
+                    await self.sessions.wake(session, scope)
+            if known not in (None, owner):
+                await _reject(send, 404, -32600, "Session not found")
+                return
         if scope["method"] == "POST":
             try:
                 body = await _read_body(receive, self.limits.max_body_bytes)
@@ -309,17 +321,31 @@ class AuthGate:
             await self.app(scope, receive, send)
             if scope["method"] == "DELETE":
                 self.sessions.ended(session)
+                if self.shared is not None:
+                    await self.shared.ended(session)
             return
-        talks = asks_capabilities(scope["state"].get(MESSAGE_KEY))
+        opening = scope["state"].get(MESSAGE_KEY)
+        talks = asks_capabilities(opening)
 
         async def send_watching(message: Message) -> None:
             if message["type"] == "http.response.start":
                 for key, value in message.get("headers", []):
                     if key.lower() == SESSION_HEADER:
-                        self.sessions.opened(value.decode("latin-1"), view.name, owner, talks=talks)
+                        opened = value.decode("latin-1")
+                        self.sessions.opened(opened, view.name, owner, talks=talks)
+                        if self.shared is not None and isinstance(opening, dict):
+                            await self._share(opened, view.name, owner, opening)
             await send(message)
 
         await self.app(scope, receive, send_watching)
+
+    async def _share(self, session: str, view: str, owner: str, opening: dict[str, Any]) -> None:
+        """Keep a session just opened with the `initialize` request `opening` where every replica finds it."""
+        assert self.shared is not None
+        params = opening.get("params")
+        requested = params.get("protocolVersion") if isinstance(params, dict) else None
+        version = handshake_version(requested if isinstance(requested, str) else "")
+        await self.shared.opened(session, view, owner, bytes(memoryview(encode(opening))), version)
 
 
 class Gone(Exception):
@@ -376,3 +402,9 @@ def owner_of(state: Any) -> str:
     (an API token's view name; an OAuth rule's view name and the token's subject)."""
     value = getattr(state, OWNER_KEY, None) if not isinstance(state, dict) else state.get(OWNER_KEY)
     return value if isinstance(value, str) else view_of(state).name
+
+
+def subject_of(owner: str) -> str | None:
+    """An OAuth caller's subject, from its owner key (`owner_of`); None for any other caller."""
+    _, found, subject = owner.partition("|sub=")
+    return subject if found else None

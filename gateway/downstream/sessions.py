@@ -13,7 +13,7 @@ change, and as the table grows.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,6 +69,7 @@ class Sessions:
         self._by_id: dict[str, Session] = {}
         self._prune_at = 64
         self.on_end: Callable[[str], None] = lambda session_id: None
+        self.on_level: Callable[[str, str], Awaitable[None]] | None = None  # shares a level set (replicas)
 
     def attach(self, manager: StreamableHTTPSessionManager) -> None:
         """Read liveness from this SDK session manager."""
@@ -92,9 +93,13 @@ class Sessions:
             self.prune()
             self._prune_at = max(64, 2 * len(self._by_id))
 
-    def open_dormant(self, session_id: str, view: str, owner: str, opening: bytes, version: str) -> None:
-        """Record a session the shortcut opened itself with the `initialize` request `opening`."""
-        self._by_id[session_id] = Session(view, owner, dormant=Dormant(opening, version, time.monotonic()))
+    def open_dormant(
+        self, session_id: str, view: str, owner: str, opening: bytes, version: str, *, talks: bool = False
+    ) -> None:
+        """Record a session opened with the `initialize` request `opening` that the SDK does not hold: one the
+        shortcut opened itself, or one taken up from another replica (`talks`: its client can be asked)."""
+        dormant = Dormant(opening, version, time.monotonic())
+        self._by_id[session_id] = Session(view, owner, talks=talks, dormant=dormant)
         self._grown()
 
     def dormant(self, session_id: str) -> bool:
@@ -223,6 +228,13 @@ class Sessions:
         """The client deleted the session: forget it and tell `on_end` at once."""
         self._by_id.pop(session_id, None)
         self.on_end(session_id)
+
+    async def terminate(self, session_id: str) -> None:
+        """The session was deleted elsewhere (another replica): forget it, and end the SDK's session of it."""
+        self.ended(session_id)
+        transport = session_transports(self._manager).get(session_id) if self._manager is not None else None
+        if transport is not None and not transport.is_terminated:
+            await transport.terminate()
 
     def live(self, session_id: str) -> bool:
         """Whether the SDK still holds the session open (True before the SDK's table is attached)."""

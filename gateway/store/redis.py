@@ -17,6 +17,7 @@ KEY = "manifold:servers"
 RECORDS = "manifold:records:"  # one hash per kind of record
 CHANNEL = "manifold:servers:changed"
 LOCKS = "manifold:lock:"
+SESSIONS = "manifold:session:"  # one key per 2025-era session, expiring when idle (see `put_session`)
 # Delete the lock only while it is still this holder's: it may have expired and been taken by another.
 UNLOCK = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end"
 
@@ -105,6 +106,40 @@ class RedisStore:
             deleted = bool(await self._client.hdel(RECORDS + kind, key))
             if deleted:
                 await self._client.publish(CHANNEL, f"{kind} {key}")
+        except (RedisError, OSError) as e:
+            raise self._error(e) from None
+        return deleted
+
+    async def put_session(self, key: str, value: bytes, ttl: float) -> None:
+        """Keep a downstream session's record for `ttl` seconds (every replica reads it; see `gateway.downstream
+        .replicas`)."""
+        try:
+            await self._client.set(SESSIONS + key, value, px=max(1, int(ttl * 1000)))
+        except (RedisError, OSError) as e:
+            raise self._error(e) from None
+
+    async def get_session(self, key: str) -> bytes | None:
+        """A session's record, or None when there is none (never opened, deleted or idle past its `ttl`)."""
+        try:
+            value = await self._client.get(SESSIONS + key)
+        except (RedisError, OSError) as e:
+            raise self._error(e) from None
+        return value if isinstance(value, bytes) else None
+
+    async def use_session(self, key: str, ttl: float) -> bytes | None:
+        """A session's record, kept `ttl` seconds from now (one round trip); None when it is gone."""
+        try:
+            value = await self._client.getex(SESSIONS + key, px=max(1, int(ttl * 1000)))
+        except (RedisError, OSError) as e:
+            raise self._error(e) from None
+        return value if isinstance(value, bytes) else None
+
+    async def delete_session(self, key: str) -> bool:
+        """Delete a session's record; True when there was one. Announced on `changes()` as `"session {key}"`."""
+        try:
+            deleted = bool(await self._client.delete(SESSIONS + key))
+            if deleted:
+                await self._client.publish(CHANNEL, f"session {key}")
         except (RedisError, OSError) as e:
             raise self._error(e) from None
         return deleted

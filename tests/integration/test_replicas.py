@@ -1,0 +1,258 @@
+"""Three gateways on one real Redis behind a real HAProxy (round robin, no affinity): a 2025-era client's session
+is served by whichever replica each request reaches, survives the death of the replica that opened it, and a
+DELETE on one replica ends it on all."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+from mcp import types
+
+from tests.fixtures.servers import free_port, stdio_spec
+from tests.integration.conftest import (
+    REDIS,
+    ROOT,
+    Gateway,
+    RedisServer,
+    connect,
+    initialize_body,
+    run_gateway,
+)
+
+HAPROXY = shutil.which("haproxy")
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.skipif(HAPROXY is None or REDIS is None, reason="haproxy and redis-server are needed"),
+]
+LEGACY = "2025-11-25"
+CONFORMANCE = ROOT / "tests" / "fixtures" / "conformance_server.py"  # its tools log at the session's level
+ACCEPT = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+
+
+@contextmanager
+def haproxy(tmp_path: Path, ports: list[int]) -> Iterator[str]:
+    """HAProxy on loopback in front of `ports`, round robin per request, no affinity; a replica that stops
+    answering is taken out by its health check and a request it refused is sent to another."""
+    port = free_port()
+    servers = "\n".join(f"  server g{i} 127.0.0.1:{p} check inter 300ms fall 1 rise 2" for i, p in enumerate(ports, 1))
+    config = tmp_path / "haproxy.cfg"
+    config.write_text(
+        f"""global
+  maxconn 512
+defaults
+  mode http
+  timeout connect 1s
+  timeout client 60s
+  timeout server 60s
+  retries 3
+  option redispatch 1
+  retry-on conn-failure
+frontend mcp
+  bind 127.0.0.1:{port}
+  default_backend gateways
+backend gateways
+  balance roundrobin
+  option httpchk GET /healthz
+{servers}
+"""
+    )
+    proc = subprocess.Popen([HAPROXY or "haproxy", "-f", str(config), "-db"], stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                if httpx2.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx2.TransportError:
+                pass
+            assert time.monotonic() < deadline, "haproxy did not come up"
+            time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        proc.terminate()
+        proc.wait(5)
+
+
+@pytest.fixture
+def redis(tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@contextmanager
+def replicas(
+    tmp_path: Path, redis: RedisServer, count: int = 3, servers: dict[str, Any] | None = None
+) -> Iterator[tuple[list[Gateway], str]]:
+    """`count` gateways sharing Redis (serving `fx` and `servers`), and the URL of HAProxy in front of them."""
+    config: dict[str, Any] = {
+        "store": f"redis://127.0.0.1:{redis.port}/0",
+        "servers": {"fx": stdio_spec(), **(servers or {})},
+    }
+    with ExitStack() as stack:
+        gateways = []
+        for i in range(count):
+            home = tmp_path / f"replica{i}"
+            home.mkdir()
+            gateways.append(stack.enter_context(run_gateway(home, config)))
+        for gw in gateways:
+            _wait_tools(gw.url)
+        url = stack.enter_context(haproxy(tmp_path, [int(g.base.rsplit(":", 1)[1]) for g in gateways]))
+        yield gateways, url
+
+
+def _wait_tools(url: str) -> None:
+    """Wait until a replica lists the fixture's tools (a 2026-era listing needs no session)."""
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"_meta": _modern_meta()}}
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        modern = {**ACCEPT, "mcp-protocol-version": "2026-07-28", "mcp-method": "tools/list"}
+        reply = httpx2.post(url, json=body, headers=modern, timeout=5)
+        if "fx__echo" in reply.text:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{url} never listed fx__echo")
+
+
+def _modern_meta() -> dict[str, Any]:
+    return {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "1"},
+        "io.modelcontextprotocol/clientCapabilities": {},
+    }
+
+
+def served(gateway: Gateway, method: str) -> float:
+    """How many `method` requests this replica counted."""
+    text = httpx2.get(f"{gateway.base}/metrics", timeout=5).text
+    pattern = rf'^manifold_downstream_requests_total\{{[^}}]*method="{re.escape(method)}"[^}}]*\}} (\S+)$'
+    return sum(float(m.group(1)) for m in re.finditer(pattern, text, re.M))
+
+
+async def test_a_2025_session_is_served_by_every_replica_behind_round_robin(tmp_path: Path, redis: RedisServer) -> None:
+    with replicas(tmp_path, redis) as (gateways, url):
+        async with connect(url, LEGACY) as client:
+            for i in range(12):
+                result = await client.call("fx__echo", {"text": f"n{i}"})
+                assert not result.is_error and result.content[0].text == f"n{i}"
+            assert "fx__echo" in await client.tool_names()
+            await client.session.send_ping()
+        calls = [served(gw, "tools/call") for gw in gateways]
+        assert all(n >= 2 for n in calls), f"every replica served calls of the one session: {calls}"
+        assert sum(calls) == 12, "each call ran once"
+
+
+async def test_a_session_whose_client_can_be_asked_moves_between_replicas(tmp_path: Path, redis: RedisServer) -> None:
+    async def elicit(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        return types.ElicitResult(action="accept", content={"name": "x"})
+
+    with replicas(tmp_path, redis) as (gateways, url):
+        async with connect(url, LEGACY, elicitation_callback=elicit) as client:
+            for i in range(6):
+                result = await client.call("fx__echo", {"text": f"asked{i}"})
+                assert not result.is_error and result.content[0].text == f"asked{i}"
+        assert sum(served(gw, "tools/call") for gw in gateways) == 6
+
+
+async def test_the_session_outlives_the_replica_that_opened_it(tmp_path: Path, redis: RedisServer) -> None:
+    with replicas(tmp_path, redis) as (gateways, url):
+        async with connect(url, LEGACY) as client:
+            await client.call("fx__echo", {"text": "before"})
+            opened_on = max(gateways, key=lambda gw: served(gw, "initialize"))
+            os.killpg(opened_on.proc.pid, signal.SIGKILL)
+            opened_on.proc.wait(5)
+            time.sleep(0.8)  # HAProxy's health check (every 300 ms) takes it out
+            for i in range(6):
+                result = await client.call("fx__echo", {"text": f"after{i}"})
+                assert not result.is_error and result.content[0].text == f"after{i}"
+            survivors = [gw for gw in gateways if gw is not opened_on]
+            assert sum(served(gw, "tools/call") for gw in survivors) >= 6
+
+
+async def test_a_delete_on_one_replica_ends_the_session_on_all(tmp_path: Path, redis: RedisServer) -> None:
+    with replicas(tmp_path, redis) as (gateways, _):
+        first, second = gateways[0], gateways[1]
+        opened = httpx2.post(first.url, json=initialize_body(LEGACY), headers=ACCEPT, timeout=10)
+        session = opened.headers["mcp-session-id"]
+        headers = {**ACCEPT, "mcp-session-id": session, "mcp-protocol-version": LEGACY}
+        notice = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+        assert httpx2.post(first.url, json=notice, headers=headers, timeout=10).status_code == 202
+        listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+        assert "fx__echo" in httpx2.post(second.url, json=listing, headers=headers, timeout=10).text
+        assert httpx2.delete(first.url, headers=headers, timeout=10).status_code == 200
+        deadline = time.monotonic() + 5
+        while httpx2.post(second.url, json=listing, headers=headers, timeout=10).status_code != 404:
+            assert time.monotonic() < deadline, "the other replica still serves a deleted session"
+            time.sleep(0.1)
+        third = httpx2.post(gateways[2].url, json=listing, headers=headers, timeout=10)
+        assert third.status_code == 404, "a replica that never saw the session finds no record of it either"
+
+
+async def test_another_callers_session_is_unknown_on_every_replica(tmp_path: Path, redis: RedisServer) -> None:
+    config: dict[str, Any] = {
+        "store": f"redis://127.0.0.1:{redis.port}/0",
+        "servers": {"fx": stdio_spec()},
+        "auth": {"tokens": [{"name": "alice", "token": "a" * 32}, {"name": "bob", "token": "b" * 32}]},
+    }
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    with run_gateway(tmp_path / "a", config) as one, run_gateway(tmp_path / "b", config) as two:
+        if True:
+            alice = {**ACCEPT, "authorization": "Bearer " + "a" * 32}
+            opened = httpx2.post(one.url, json=initialize_body(LEGACY), headers=alice, timeout=10)
+            session = opened.headers["mcp-session-id"]
+            bob = {**ACCEPT, "authorization": "Bearer " + "b" * 32, "mcp-session-id": session}
+            listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+            refused = httpx2.post(two.url, json=listing, headers={**bob, "mcp-protocol-version": LEGACY}, timeout=10)
+            assert refused.status_code == 404 and "Session not found" in refused.text
+            own = {**alice, "mcp-session-id": session, "mcp-protocol-version": LEGACY}
+            assert httpx2.post(two.url, json=listing, headers=own, timeout=10).status_code == 200
+
+
+async def test_a_corrupt_session_row_is_no_session_and_harms_nothing_else(tmp_path: Path, redis: RedisServer) -> None:
+    with replicas(tmp_path, redis, count=2) as (gateways, url):
+        subprocess.run(
+            ["redis-cli", "-p", str(redis.port), "set", "manifold:session:broken", "\xff{not json"], check=True
+        )
+        listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+        headers = {**ACCEPT, "mcp-session-id": "broken", "mcp-protocol-version": LEGACY}
+        for gw in gateways:
+            assert httpx2.post(gw.url, json=listing, headers=headers, timeout=10).status_code == 404
+        async with connect(url, LEGACY) as client:
+            assert (await client.call("fx__echo", {"text": "fine"})).content[0].text == "fine"
+
+
+@pytest.mark.filterwarnings("ignore::mcp.MCPDeprecationWarning")  # logging/setLevel: 2025 only
+async def test_the_log_level_a_client_sets_holds_on_every_replica(tmp_path: Path, redis: RedisServer) -> None:
+    lines: list[Any] = []
+
+    async def on_log(params: Any) -> None:
+        lines.append(params)
+
+    logging = {"command": sys.executable, "args": [str(CONFORMANCE), "--transport", "stdio"], "prefix": "c"}
+    with replicas(tmp_path, redis, servers={"c": logging}) as (gateways, url):
+        async with connect(url, LEGACY, logging_callback=on_log) as client:
+            await client.session.set_logging_level("error")
+            for _ in range(6):
+                await client.call("c__test_tool_with_logging", {})
+            assert lines == [], "info lines are below the level the client set, whichever replica served the call"
+            await client.session.set_logging_level("debug")
+            for _ in range(6):
+                await client.call("c__test_tool_with_logging", {})
+        assert len(lines) == 18 and {line.level for line in lines} == {"info"}, "three lines of each call"
+        assert sum(served(gw, "tools/call") for gw in gateways) == 12
