@@ -142,6 +142,7 @@ def build_app(settings: Settings, config: FileConfig, environ: Mapping[str, str]
             tg.start_soon(on_sighup)
             if shared is not None:
                 tg.start_soon(shared.follow)
+                tg.start_soon(shared.deliver, gate.inject)
             if resource_server is not None:
                 tg.start_soon(resource_server.warm_up)
             app.state.started = True

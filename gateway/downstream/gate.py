@@ -312,6 +312,15 @@ class AuthGate:
             if problem is not None:
                 await _reject(send, 400, problem[0], problem[1])
                 return
+            if (
+                session is not None
+                and self.shared is not None
+                and _is_answer(message)
+                and await self.shared.route_answer(session, body)
+            ):
+                await send({"type": "http.response.start", "status": 202, "headers": [(b"content-length", b"0")]})
+                await send({"type": "http.response.body", "body": b""})
+                return  # another replica asked the question this answers: passed there
             receive = _replay(body, receive)
             scope.setdefault("state", {})[MESSAGE_KEY] = message
         state = scope.setdefault("state", {})
@@ -339,6 +348,42 @@ class AuthGate:
 
         await self.app(scope, receive, send_watching)
 
+    async def inject(self, session: str, version: str, body: bytes) -> None:
+        """Hand this replica's SDK a client's answer that reached another replica (its question was asked here):
+        a POST of it, as from the client, through the rest of the stack."""
+        owner = self.sessions.owner(session)
+        view = self._views.get(owner.split("|sub=")[0], OPEN_VIEW) if owner is not None else OPEN_VIEW
+        message, problem = decode_message(body, self.limits.max_json_depth)
+        if problem is not None or not _is_answer(message):
+            return
+        scope: Scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "POST",
+            "scheme": "http",
+            "path": "/mcp",
+            "raw_path": b"/mcp",
+            "query_string": b"",
+            "root_path": "",
+            "client": ("127.0.0.1", 0),
+            "server": ("127.0.0.1", 0),
+            "headers": [
+                (b"host", b"127.0.0.1"),
+                (b"content-type", b"application/json"),
+                (b"accept", b"application/json, text/event-stream"),
+                (SESSION_HEADER, session.encode("latin-1")),
+                (b"mcp-protocol-version", version.encode()),
+                (b"content-length", str(len(body)).encode()),
+            ],
+            "state": {MESSAGE_KEY: message, SCOPE_KEY: view, OWNER_KEY: owner or view.name},
+        }
+
+        async def nowhere(_: Message) -> None:
+            return None
+
+        await self.app(scope, _replay(body, _closed), nowhere)
+
     async def _share(self, session: str, view: str, owner: str, opening: dict[str, Any]) -> None:
         """Keep a session just opened with the `initialize` request `opening` where every replica finds it."""
         assert self.shared is not None
@@ -346,6 +391,20 @@ class AuthGate:
         requested = params.get("protocolVersion") if isinstance(params, dict) else None
         version = handshake_version(requested if isinstance(requested, str) else "")
         await self.shared.opened(session, view, owner, bytes(memoryview(encode(opening))), version)
+
+
+def _is_answer(message: Any) -> bool:
+    """Whether a message is a JSON-RPC response (a client's answer to a question of the server's)."""
+    return (
+        isinstance(message, dict)
+        and "method" not in message
+        and "id" in message
+        and ("result" in message or "error" in message)
+    )
+
+
+async def _closed() -> Message:
+    return {"type": "http.disconnect"}
 
 
 class Gone(Exception):

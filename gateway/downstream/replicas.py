@@ -8,12 +8,23 @@ affinity keeps its session whichever replica each request reaches, and when a re
 after the idle timeout (every request of the session, on any replica, reads it in one round trip that also keeps
 it alive, so a session deleted on one replica is unknown on the next request anywhere); the log level its client
 sets travels in the record too.
+
+A server's question to a 2025-era client is asked by the replica serving the call; the client's answer, a POST of
+its own, may reach another. Each replica notes in the store the sessions it has questions out to, and a replica
+that receives an answer it did not ask for passes it over pub/sub to the ones that did (`route_answer`,
+`deliver`), which hand it to their SDK as if the client had posted it there.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager, suppress
 from typing import Any, Literal, Protocol, cast
+
+import anyio
 
 from gateway.downstream.sessions import Sessions, asks_capabilities
 from gateway.observe.logs import get_logger
@@ -29,7 +40,14 @@ class SessionStore(Protocol):
     async def put_session(self, key: str, value: bytes, ttl: float) -> None: ...
     async def use_session(self, key: str, ttl: float) -> bytes | None: ...
     async def delete_session(self, key: str) -> bool: ...
+    async def asking(self, session: str, replica: str, delta: int, ttl: float) -> None: ...
+    async def askers(self, session: str) -> list[str]: ...
+    async def send_answer(self, replica: str, payload: bytes) -> None: ...
+    def answers(self, replica: str) -> Any: ...
     def changes(self) -> Any: ...
+
+
+Inject = Callable[[str, str, bytes], Awaitable[None]]  # hands (session, version, body) to this replica's SDK
 
 
 class SharedSessions:
@@ -41,7 +59,11 @@ class SharedSessions:
         self._sessions = sessions
         self._ttl = idle_timeout
         self._local: set[str] = set()  # sessions the store could not take: this replica's alone
+        self._versions: dict[str, str] = {}  # the revision each session settled on, from its record
+        self._asking: Counter[str] = Counter()  # questions this replica has out, by session
+        self.replica = secrets.token_hex(8)
         sessions.on_level = self.level_set
+        sessions.asking = self.asking
 
     async def opened(self, session_id: str, view: str, owner: str, opening: bytes, version: str) -> None:
         """Record a session this replica opened (a store that cannot be written leaves it this replica's)."""
@@ -77,6 +99,7 @@ class SharedSessions:
             talks = asks_capabilities(json.loads(opening))
             self._sessions.open_dormant(session_id, record["view"], owner, opening, record["version"], talks=talks)
             log.info("session taken up from the store", session=session_id[:8])
+        self._versions[session_id] = record["version"]
         level = record.get("level")
         if level is not None and self._sessions.level(session_id) != level:
             self._sessions.set_level(session_id, level)
@@ -94,6 +117,51 @@ class SharedSessions:
                 await self._store.put_session(session_id, json.dumps(record).encode(), self._ttl)
         except StoreError as e:
             log.warning("session log level not shared; only this replica filters by it", reason=str(e))
+
+    @asynccontextmanager
+    async def asking(self, session_id: str) -> AsyncIterator[None]:
+        """Mark a question this replica puts to a session's client for the block: its answer, a POST of its own
+        that may reach another replica, is passed here (see `route_answer`)."""
+        self._asking[session_id] += 1
+        try:
+            with suppress(StoreError):
+                await self._store.asking(session_id, self.replica, 1, self._ttl)
+            yield
+        finally:
+            self._asking[session_id] -= 1
+            if self._asking[session_id] <= 0:
+                del self._asking[session_id]
+            with anyio.CancelScope(shield=True), suppress(StoreError):
+                await self._store.asking(session_id, self.replica, -1, self._ttl)
+
+    async def route_answer(self, session_id: str, body: bytes) -> bool:
+        """Pass a client's answer (a JSON-RPC response) to the replicas that have a question out to it; False
+        when this replica has one itself, or none has (the SDK here takes it as it would)."""
+        if self._asking.get(session_id) or session_id in self._local:
+            return False
+        try:
+            askers = [r for r in await self._store.askers(session_id) if r != self.replica]
+            payload = json.dumps({"session": session_id, "body": body.decode()}).encode()
+            for replica in askers:
+                await self._store.send_answer(replica, payload)
+        except (StoreError, UnicodeDecodeError) as e:
+            log.warning("an answer could not be passed to the replica that asked", reason=str(e))
+            return False
+        return bool(askers)
+
+    async def deliver(self, inject: Inject) -> None:
+        """Hand the answers other replicas pass here to this replica's SDK (forever: run it in a task)."""
+        async for payload in self._store.answers(self.replica):
+            try:
+                message = json.loads(payload)
+                session_id, body = message["session"], message["body"].encode()
+            except (ValueError, KeyError, TypeError, AttributeError):
+                continue
+            if self._sessions.owner(session_id) is None:
+                continue
+            version = self._versions.get(session_id)
+            if version is not None:
+                await inject(session_id, version, body)
 
     async def ended(self, session_id: str) -> None:
         """The client deleted the session here: delete its record, so every replica forgets it."""

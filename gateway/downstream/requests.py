@@ -61,7 +61,8 @@ def task_owner(ctx: Ctx) -> str:
 def caller_of(ctx: Ctx, sessions: Sessions) -> SessionCaller:
     """The request's caller, as the relays see it (its session's log level included)."""
     session_id = session_of(ctx)
-    return SessionCaller(ctx, session_id or f"request:{id(ctx)}", sessions.level(session_id))
+    asking = sessions.asking(session_id) if sessions.asking is not None and session_id else None
+    return SessionCaller(ctx, session_id or f"request:{id(ctx)}", sessions.level(session_id), asking=asking)
 
 
 def call_context(ctx: Ctx, caller: Caller | None) -> CallContext:

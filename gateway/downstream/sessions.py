@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractAsyncContextManager, AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,6 +70,7 @@ class Sessions:
         self._prune_at = 64
         self.on_end: Callable[[str], None] = lambda session_id: None
         self.on_level: Callable[[str, str], Awaitable[None]] | None = None  # shares a level set (replicas)
+        self.asking: Callable[[str], AbstractAsyncContextManager[None]] | None = None  # a question out (replicas)
 
     def attach(self, manager: StreamableHTTPSessionManager) -> None:
         """Read liveness from this SDK session manager."""

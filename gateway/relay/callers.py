@@ -7,6 +7,7 @@ server-to-client requests); its log lines are sent when the request opted in wit
 
 from __future__ import annotations
 
+from contextlib import AbstractAsyncContextManager, nullcontext
 from typing import Any
 
 import mcp.types as types
@@ -39,8 +40,16 @@ def declared_capabilities(ctx: ServerRequestContext[Any]) -> Json:
 class SessionCaller:
     """The caller of one request served by the SDK's server."""
 
-    def __init__(self, ctx: ServerRequestContext[Any], session: str, level: str | None) -> None:
+    def __init__(
+        self,
+        ctx: ServerRequestContext[Any],
+        session: str,
+        level: str | None,
+        *,
+        asking: AbstractAsyncContextManager[None] | None = None,
+    ) -> None:
         self._ctx = ctx
+        self._asking = asking  # marks a question out while it waits (replicas pass its answer here)
         self.session = session
         self._level = level
         self.modern = Era.of(ctx.protocol_version).modern
@@ -61,7 +70,8 @@ class SessionCaller:
             raise MCPError(types.INVALID_PARAMS, f"malformed {method} request: {e.errors()[0]['msg']}") from None
         metadata = ServerMessageMetadata(related_request_id=self._ctx.request_id)
         model = types.CreateMessageResultWithTools if params.get("tools") else ANSWERS[method]
-        answer = await self._ctx.session.send_request(request, model, metadata=metadata)
+        async with self._asking if self._asking is not None else nullcontext():
+            answer = await self._ctx.session.send_request(request, model, metadata=metadata)
         result: Json = answer.model_dump(by_alias=True, mode="json", exclude_none=True)
         return result
 

@@ -18,6 +18,8 @@ RECORDS = "manifold:records:"  # one hash per kind of record
 CHANNEL = "manifold:servers:changed"
 LOCKS = "manifold:lock:"
 SESSIONS = "manifold:session:"  # one key per 2025-era session, expiring when idle (see `put_session`)
+ASKING = "manifold:asking:"  # per session: the replicas with a question out to its client, and how many
+ANSWERS = "manifold:answers:"  # per replica: the answers to its questions that reached another replica
 # Delete the lock only while it is still this holder's: it may have expired and been taken by another.
 UNLOCK = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end"
 
@@ -143,6 +145,45 @@ class RedisStore:
         except (RedisError, OSError) as e:
             raise self._error(e) from None
         return deleted
+
+    async def asking(self, session: str, replica: str, delta: int, ttl: float) -> None:
+        """Count a question `replica` put to a session's client (`delta` 1) or its end (-1)."""
+        key = ASKING + session
+        try:
+            left = await self._client.hincrby(key, replica, delta)
+            if left <= 0:
+                await self._client.hdel(key, replica)
+            await self._client.pexpire(key, max(1, int(ttl * 1000)))
+        except (RedisError, OSError) as e:
+            raise self._error(e) from None
+
+    async def askers(self, session: str) -> list[str]:
+        """The replicas with a question out to a session's client."""
+        try:
+            counts = await self._client.hgetall(ASKING + session)
+        except (RedisError, OSError) as e:
+            raise self._error(e) from None
+        return [name.decode(errors="replace") for name, count in counts.items() if int(count) > 0]
+
+    async def send_answer(self, replica: str, payload: bytes) -> None:
+        """Pass a client's answer to the replica that asked (see `answers`)."""
+        try:
+            await self._client.publish(ANSWERS + replica, payload)
+        except (RedisError, OSError) as e:
+            raise self._error(e) from None
+
+    async def answers(self, replica: str) -> AsyncIterator[bytes]:
+        """The answers passed to `replica` (forever; resubscribes while Redis is down)."""
+        while True:
+            try:
+                pubsub = self._client.pubsub()
+                async with pubsub:
+                    await pubsub.subscribe(ANSWERS + replica)
+                    async for message in pubsub.listen():
+                        if message.get("type") == "message" and isinstance(message.get("data"), bytes):
+                            yield message["data"]
+            except (RedisError, OSError):
+                await anyio.sleep(1)
 
     async def lock(self, name: str, token: str, ttl: float) -> bool:
         try:
