@@ -9,10 +9,10 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,6 @@ from tests.conformance import requirement_set, run_suite, running_fixture, suite
 from tests.fixtures.servers import free_port, stdio_spec
 from tests.integration.conftest import (
     REDIS,
-    ROOT,
     Gateway,
     RedisServer,
     connect,
@@ -39,7 +38,6 @@ pytestmark = [
     pytest.mark.skipif(HAPROXY is None or REDIS is None, reason="haproxy and redis-server are needed"),
 ]
 LEGACY = "2025-11-25"
-CONFORMANCE = ROOT / "tests" / "fixtures" / "conformance_server.py"  # its tools log at the session's level
 ACCEPT = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
 
 
@@ -119,6 +117,33 @@ def replicas(
         yield gateways, url
 
 
+@dataclass
+class Cluster:
+    """Three replicas behind HAProxy, serving `fx` (stdio) and the conformance fixture bare-named (HTTP)."""
+
+    gateways: list[Gateway]
+    url: str
+    redis: RedisServer
+
+    def calls(self) -> list[float]:
+        return [served(gw, "tools/call") for gw in self.gateways]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """One cluster for the tests that change no replica (each counts its own calls as differences)."""
+    tmp_path = tmp_path_factory.mktemp("cluster")
+    redis = RedisServer(tmp_path)
+    redis.start()
+    try:
+        with running_fixture() as fixture:
+            server = {"url": fixture, "prefix": "", "trusted": True, "relay": {"roots": True}, "required": True}
+            with replicas(tmp_path, redis, servers={"conformance": server}) as (gateways, url):
+                yield Cluster(gateways, url, redis)
+    finally:
+        redis.stop()
+
+
 def _wait_tools(url: str) -> None:
     """Wait until a replica lists the fixture's tools (a 2026-era listing needs no session)."""
     body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"_meta": _modern_meta()}}
@@ -147,29 +172,29 @@ def served(gateway: Gateway, method: str) -> float:
     return sum(float(m.group(1)) for m in re.finditer(pattern, text, re.M))
 
 
-async def test_a_2025_session_is_served_by_every_replica_behind_round_robin(tmp_path: Path, redis: RedisServer) -> None:
-    with replicas(tmp_path, redis) as (gateways, url):
-        async with connect(url, LEGACY) as client:
-            for i in range(12):
-                result = await client.call("fx__echo", {"text": f"n{i}"})
-                assert not result.is_error and result.content[0].text == f"n{i}"
-            assert "fx__echo" in await client.tool_names()
-            await client.session.send_ping()
-        calls = [served(gw, "tools/call") for gw in gateways]
-        assert all(n >= 2 for n in calls), f"every replica served calls of the one session: {calls}"
-        assert sum(calls) == 12, "each call ran once"
+async def test_a_2025_session_is_served_by_every_replica_behind_round_robin(cluster: Cluster) -> None:
+    before = cluster.calls()
+    async with connect(cluster.url, LEGACY) as client:
+        for i in range(12):
+            result = await client.call("fx__echo", {"text": f"n{i}"})
+            assert not result.is_error and result.content[0].text == f"n{i}"
+        assert "fx__echo" in await client.tool_names()
+        await client.session.send_ping()
+    calls = [after - b for after, b in zip(cluster.calls(), before, strict=True)]
+    assert all(n >= 2 for n in calls), f"every replica served calls of the one session: {calls}"
+    assert sum(calls) == 12, "each call ran once"
 
 
-async def test_a_session_whose_client_can_be_asked_moves_between_replicas(tmp_path: Path, redis: RedisServer) -> None:
+async def test_a_session_whose_client_can_be_asked_moves_between_replicas(cluster: Cluster) -> None:
     async def elicit(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
         return types.ElicitResult(action="accept", content={"name": "x"})
 
-    with replicas(tmp_path, redis) as (gateways, url):
-        async with connect(url, LEGACY, elicitation_callback=elicit) as client:
-            for i in range(6):
-                result = await client.call("fx__echo", {"text": f"asked{i}"})
-                assert not result.is_error and result.content[0].text == f"asked{i}"
-        assert sum(served(gw, "tools/call") for gw in gateways) == 6
+    before = sum(cluster.calls())
+    async with connect(cluster.url, LEGACY, elicitation_callback=elicit) as client:
+        for i in range(6):
+            result = await client.call("fx__echo", {"text": f"asked{i}"})
+            assert not result.is_error and result.content[0].text == f"asked{i}"
+    assert sum(cluster.calls()) - before == 6
 
 
 async def test_the_session_outlives_the_replica_that_opened_it(tmp_path: Path, redis: RedisServer) -> None:
@@ -187,23 +212,23 @@ async def test_the_session_outlives_the_replica_that_opened_it(tmp_path: Path, r
             assert sum(served(gw, "tools/call") for gw in survivors) >= 6
 
 
-async def test_a_delete_on_one_replica_ends_the_session_on_all(tmp_path: Path, redis: RedisServer) -> None:
-    with replicas(tmp_path, redis) as (gateways, _):
-        first, second = gateways[0], gateways[1]
-        opened = httpx2.post(first.url, json=initialize_body(LEGACY), headers=ACCEPT, timeout=10)
-        session = opened.headers["mcp-session-id"]
-        headers = {**ACCEPT, "mcp-session-id": session, "mcp-protocol-version": LEGACY}
-        notice = {"jsonrpc": "2.0", "method": "notifications/initialized"}
-        assert httpx2.post(first.url, json=notice, headers=headers, timeout=10).status_code == 202
-        listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
-        assert "fx__echo" in httpx2.post(second.url, json=listing, headers=headers, timeout=10).text
-        assert httpx2.delete(first.url, headers=headers, timeout=10).status_code == 200
-        deadline = time.monotonic() + 5
-        while httpx2.post(second.url, json=listing, headers=headers, timeout=10).status_code != 404:
-            assert time.monotonic() < deadline, "the other replica still serves a deleted session"
-            time.sleep(0.1)
-        third = httpx2.post(gateways[2].url, json=listing, headers=headers, timeout=10)
-        assert third.status_code == 404, "a replica that never saw the session finds no record of it either"
+async def test_a_delete_on_one_replica_ends_the_session_on_all(cluster: Cluster) -> None:
+    gateways = cluster.gateways
+    first, second = gateways[0], gateways[1]
+    opened = httpx2.post(first.url, json=initialize_body(LEGACY), headers=ACCEPT, timeout=10)
+    session = opened.headers["mcp-session-id"]
+    headers = {**ACCEPT, "mcp-session-id": session, "mcp-protocol-version": LEGACY}
+    notice = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+    assert httpx2.post(first.url, json=notice, headers=headers, timeout=10).status_code == 202
+    listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+    assert "fx__echo" in httpx2.post(second.url, json=listing, headers=headers, timeout=10).text
+    assert httpx2.delete(first.url, headers=headers, timeout=10).status_code == 200
+    deadline = time.monotonic() + 5
+    while httpx2.post(second.url, json=listing, headers=headers, timeout=10).status_code != 404:
+        assert time.monotonic() < deadline, "the other replica still serves a deleted session"
+        time.sleep(0.1)
+    third = httpx2.post(gateways[2].url, json=listing, headers=headers, timeout=10)
+    assert third.status_code == 404, "a replica that never saw the session finds no record of it either"
 
 
 async def test_another_callers_session_is_unknown_on_every_replica(tmp_path: Path, redis: RedisServer) -> None:
@@ -215,55 +240,52 @@ async def test_another_callers_session_is_unknown_on_every_replica(tmp_path: Pat
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     with run_gateway(tmp_path / "a", config) as one, run_gateway(tmp_path / "b", config) as two:
-        if True:
-            alice = {**ACCEPT, "authorization": "Bearer " + "a" * 32}
-            opened = httpx2.post(one.url, json=initialize_body(LEGACY), headers=alice, timeout=10)
-            session = opened.headers["mcp-session-id"]
-            bob = {**ACCEPT, "authorization": "Bearer " + "b" * 32, "mcp-session-id": session}
-            listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
-            refused = httpx2.post(two.url, json=listing, headers={**bob, "mcp-protocol-version": LEGACY}, timeout=10)
-            assert refused.status_code == 404 and "Session not found" in refused.text
-            own = {**alice, "mcp-session-id": session, "mcp-protocol-version": LEGACY}
-            assert httpx2.post(two.url, json=listing, headers=own, timeout=10).status_code == 200
-
-
-async def test_a_corrupt_session_row_is_no_session_and_harms_nothing_else(tmp_path: Path, redis: RedisServer) -> None:
-    with replicas(tmp_path, redis, count=2) as (gateways, url):
-        subprocess.run(
-            ["redis-cli", "-p", str(redis.port), "set", "manifold:session:broken", "\xff{not json"], check=True
-        )
+        alice = {**ACCEPT, "authorization": "Bearer " + "a" * 32}
+        opened = httpx2.post(one.url, json=initialize_body(LEGACY), headers=alice, timeout=10)
+        session = opened.headers["mcp-session-id"]
+        bob = {**ACCEPT, "authorization": "Bearer " + "b" * 32, "mcp-session-id": session}
         listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
-        headers = {**ACCEPT, "mcp-session-id": "broken", "mcp-protocol-version": LEGACY}
-        for gw in gateways:
-            assert httpx2.post(gw.url, json=listing, headers=headers, timeout=10).status_code == 404
-        async with connect(url, LEGACY) as client:
-            assert (await client.call("fx__echo", {"text": "fine"})).content[0].text == "fine"
+        refused = httpx2.post(two.url, json=listing, headers={**bob, "mcp-protocol-version": LEGACY}, timeout=10)
+        assert refused.status_code == 404 and "Session not found" in refused.text
+        own = {**alice, "mcp-session-id": session, "mcp-protocol-version": LEGACY}
+        assert httpx2.post(two.url, json=listing, headers=own, timeout=10).status_code == 200
+
+
+async def test_a_corrupt_session_row_is_no_session_and_harms_nothing_else(cluster: Cluster) -> None:
+    gateways, url = cluster.gateways, cluster.url
+    subprocess.run(
+        ["redis-cli", "-p", str(cluster.redis.port), "set", "manifold:session:broken", "\xff{not json"],
+        check=True,
+    )
+    listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+    headers = {**ACCEPT, "mcp-session-id": "broken", "mcp-protocol-version": LEGACY}
+    for gw in gateways:
+        assert httpx2.post(gw.url, json=listing, headers=headers, timeout=10).status_code == 404
+    async with connect(url, LEGACY) as client:
+        assert (await client.call("fx__echo", {"text": "fine"})).content[0].text == "fine"
 
 
 @pytest.mark.filterwarnings("ignore::mcp.MCPDeprecationWarning")  # logging/setLevel: 2025 only
-async def test_the_log_level_a_client_sets_holds_on_every_replica(tmp_path: Path, redis: RedisServer) -> None:
+async def test_the_log_level_a_client_sets_holds_on_every_replica(cluster: Cluster) -> None:
     lines: list[Any] = []
 
     async def on_log(params: Any) -> None:
         lines.append(params)
 
-    logging = {"command": sys.executable, "args": [str(CONFORMANCE), "--transport", "stdio"], "prefix": "c"}
-    with replicas(tmp_path, redis, servers={"c": logging}) as (gateways, url):
-        async with connect(url, LEGACY, logging_callback=on_log) as client:
-            await client.session.set_logging_level("error")
-            for _ in range(6):
-                await client.call("c__test_tool_with_logging", {})
-            assert lines == [], "info lines are below the level the client set, whichever replica served the call"
-            await client.session.set_logging_level("debug")
-            for _ in range(6):
-                await client.call("c__test_tool_with_logging", {})
-        assert len(lines) == 18 and {line.level for line in lines} == {"info"}, "three lines of each call"
-        assert sum(served(gw, "tools/call") for gw in gateways) == 12
+    before = sum(cluster.calls())
+    async with connect(cluster.url, LEGACY, logging_callback=on_log) as client:
+        await client.session.set_logging_level("error")
+        for _ in range(6):
+            await client.call("test_tool_with_logging", {})
+        assert lines == [], "info lines are below the level the client set, whichever replica served the call"
+        await client.session.set_logging_level("debug")
+        for _ in range(6):
+            await client.call("test_tool_with_logging", {})
+    assert len(lines) == 18 and {line.level for line in lines} == {"info"}, "three lines of each call"
+    assert sum(cluster.calls()) - before == 12
 
 
-async def test_a_servers_question_is_answered_whichever_replica_the_answer_reaches(
-    tmp_path: Path, redis: RedisServer
-) -> None:
+async def test_a_servers_question_is_answered_whichever_replica_the_answer_reaches(cluster: Cluster) -> None:
     """The client's answer is a POST of its own that round robin sends elsewhere: it is passed to the replica that
     asked, so elicitation and sampling complete through three replicas."""
     asked: list[str] = []
@@ -278,29 +300,24 @@ async def test_a_servers_question_is_answered_whichever_replica_the_answer_reach
             role="assistant", content=types.TextContent(type="text", text="forty-two"), model="m"
         )
 
-    server = {"command": sys.executable, "args": [str(CONFORMANCE), "--transport", "stdio"], "prefix": "c"}
-    with replicas(tmp_path, redis, servers={"c": server}) as (gateways, url):
-        async with connect(url, LEGACY, elicitation_callback=elicit, sampling_callback=sample) as client:
-            for _ in range(3):
-                elicited = await client.call("c__test_elicitation", {"message": "who are you?"})
-                assert not elicited.is_error and "ada" in elicited.content[0].text
-                sampled = await client.call("c__test_sampling", {"prompt": "the answer?"})
-                assert not sampled.is_error and "forty-two" in sampled.content[0].text
-        assert asked == ["elicitation", "sampling"] * 3, "each question asked once and answered once"
-        passed = sum(served(gw, "tools/call") for gw in gateways)
-        assert passed == 6
+    before = sum(cluster.calls())
+    async with connect(cluster.url, LEGACY, elicitation_callback=elicit, sampling_callback=sample) as client:
+        for _ in range(3):
+            elicited = await client.call("test_elicitation", {"message": "who are you?"})
+            assert not elicited.is_error and "ada" in elicited.content[0].text
+            sampled = await client.call("test_sampling", {"prompt": "the answer?"})
+            assert not sampled.is_error and "forty-two" in sampled.content[0].text
+    assert asked == ["elicitation", "sampling"] * 3, "each question asked once and answered once"
+    assert sum(cluster.calls()) - before == 6
 
 
 @pytest.mark.skipif(not suite_available(), reason="conformance suite / Node 22 not installed")
-def test_the_conformance_suite_passes_through_three_replicas(tmp_path: Path, redis: RedisServer) -> None:
+def test_the_conformance_suite_passes_through_three_replicas(tmp_path: Path, cluster: Cluster) -> None:
     """All three requirement sets, scored in full, through HAProxy and three replicas, as through one gateway. The
     tasks extension's scenarios (not scored) still need the replica that holds the task: they are the known gap."""
-    with running_fixture() as fixture:
-        server = {"url": fixture, "prefix": "", "trusted": True, "relay": {"roots": True}, "required": True}
-        with replicas(tmp_path, redis, servers={"conformance": server}) as (_, url):
-            for requirements in ("2025-11-25", "2026-07-28", "2025-06-18"):
-                result = run_suite(url, requirements, tmp_path / requirements, timeout=180)
-                scored, _ = requirement_set(requirements)
-                assert len(result.scored) == len(scored) and result.ok, result.table(verbose=True)
-                unscored_failing = {o.name for o in result.scenarios if not o.passed}
-                assert all(name.startswith("tasks-") for name in unscored_failing), result.table(verbose=True)
+    for requirements in ("2025-11-25", "2026-07-28", "2025-06-18"):
+        result = run_suite(cluster.url, requirements, tmp_path / requirements, timeout=180)
+        scored, _ = requirement_set(requirements)
+        assert len(result.scored) == len(scored) and result.ok, result.table(verbose=True)
+        unscored_failing = {o.name for o in result.scenarios if not o.passed}
+        assert all(name.startswith("tasks-") for name in unscored_failing), result.table(verbose=True)
