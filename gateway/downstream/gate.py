@@ -289,8 +289,8 @@ class AuthGate:
             known = self.sessions.owner(session)
             if self.shared is not None:
                 found = await self.shared.resolve(session, owner)
-                if found == "foreign":
-                    known = ""  # another caller's session: as unknown to this one as one that does not exist
+                if found in ("foreign", "unknown"):
+                    known = ""  # deleted, expired, or another caller's: as unknown here as one never opened
                 elif found == "taken" and not self.shortcut:
                     await self.sessions.wake(session, scope)
             if known not in (None, owner):
@@ -327,11 +327,17 @@ class AuthGate:
         state[SCOPE_KEY], state[OWNER_KEY] = view, owner
 
         if session is not None:  # nothing to watch for: the session is known
-            await self.app(scope, receive, send)
-            if scope["method"] == "DELETE":
+            if scope["method"] != "DELETE":
+                await self.app(scope, receive, send)
+                return
+            if self.shared is not None:
+                await self.shared.ending(session)  # before the answer: the client's next request may reach a peer
+            try:
+                await self.app(scope, receive, send)
+            finally:
                 self.sessions.ended(session)
                 if self.shared is not None:
-                    await self.shared.ended(session)
+                    self.shared.ended(session)
             return
         opening = scope["state"].get(MESSAGE_KEY)
         talks = asks_capabilities(opening)

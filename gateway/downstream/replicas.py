@@ -61,6 +61,7 @@ class SharedSessions:
         self._local: set[str] = set()  # sessions the store could not take: this replica's alone
         self._versions: dict[str, str] = {}  # the revision each session settled on, from its record
         self._asking: Counter[str] = Counter()  # questions this replica has out, by session
+        self._ending: set[str] = set()  # sessions whose DELETE this replica is serving
         self.replica = secrets.token_hex(8)
         sessions.on_level = self.level_set
         sessions.asking = self.asking
@@ -88,6 +89,7 @@ class SharedSessions:
             return "known" if here is not None else "unknown"
         record = _decode(raw) if raw is not None else None
         if record is None:
+            self._versions.pop(session_id, None)
             if here is not None:
                 await self._sessions.terminate(session_id)  # deleted on another replica, or expired
             return "unknown"
@@ -163,13 +165,20 @@ class SharedSessions:
             if version is not None:
                 await inject(session_id, version, body)
 
-    async def ended(self, session_id: str) -> None:
-        """The client deleted the session here: delete its record, so every replica forgets it."""
+    async def ending(self, session_id: str) -> None:
+        """The client is deleting the session here: delete its record, so every replica forgets it (this one
+        ends it through the SDK's own DELETE, then calls `ended`)."""
+        self._ending.add(session_id)
         self._local.discard(session_id)
         try:
             await self._store.delete_session(session_id)
         except StoreError as e:
             log.warning("session record not deleted; it expires when idle", reason=str(e))
+
+    def ended(self, session_id: str) -> None:
+        """The session's DELETE was answered here."""
+        self._ending.discard(session_id)
+        self._versions.pop(session_id, None)
 
     async def follow(self) -> None:
         """End, on this replica, the sessions deleted on another (their GET streams included) as soon as the
@@ -178,7 +187,9 @@ class SharedSessions:
             if not reason.startswith("session "):
                 continue
             session_id = reason.removeprefix("session ")
-            if self._sessions.owner(session_id) is not None and session_id not in self._local:
+            if session_id in self._ending or session_id in self._local:
+                continue  # deleted here: the SDK's own DELETE ends it
+            if self._sessions.owner(session_id) is not None:
                 await self.resolve(session_id, "")  # reads the record; a deleted one is forgotten here
 
 

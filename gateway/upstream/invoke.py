@@ -335,8 +335,12 @@ class Invoker:
             health.lost()
             return unavailable(name, "the connection closed before the request was sent", repeatable=True)
         if isinstance(failure, AnswerLost):
-            # Only this exchange broke: a pooled HTTP connection, or stdio pipes whose end the
-            # transport itself reports. The server's other calls and its session go on.
+            if self._spec.kind == "stdio":
+                # The pipes are the connection: said ended now, a retry waits for the next one (the transport's
+                # own report of the process's end may come later).
+                health.lost()
+            # Over HTTP only this exchange broke (a pooled connection): the server's other calls and its session
+            # go on.
             return answer_lost(name)
         if isinstance(failure, SessionExpired):
             health.reconnect()

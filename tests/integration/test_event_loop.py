@@ -67,7 +67,8 @@ def test_a_large_body_does_not_stall_a_small_call(tmp_path: Path) -> None:
         small.close()
     assert statuses == [200] * BIG_POSTS
     worst = max(busy)
-    # Before, each big body held the event loop for about 0.6 s (a byte-by-byte nesting scan, then json.loads).
-    assert worst - quiet < 0.05, (
+    # Before, each big body held the event loop for about 0.6 s (a byte-by-byte nesting scan, then json.loads);
+    # now a small call beside them waits for little more than the big bodies' reads (tens of ms on a busy machine).
+    assert worst - quiet < 0.3, (
         f"a small call took {worst * 1000:.0f} ms beside the big bodies (quiet: {quiet * 1000:.1f} ms)"
     )

@@ -589,10 +589,11 @@ async def test_roots_are_relayed_to_the_caller_with_opt_in(
     assert result.is_error is not True, text_of(result)
     assert "file:///home/ada/secret-project" in text_of(result)
     assert "ada-project" in text_of(result)
-    [meta] = ROOTS_ASKED
-    assert meta is not None and meta["manifold/server"] == "everything"
+    # The server asks once on its own 350 ms after it starts and once more from the tool if that first answer has
+    # not come back yet: one or two asks, each relayed once.
+    assert ROOTS_ASKED and all(meta is not None and meta["manifold/server"] == "everything" for meta in ROOTS_ASKED)
     relayed = [e for e in gateway.log_events() if e.get("event") == "server request relayed"]
-    assert [(e["server"], e["method"]) for e in relayed] == [("everything", "roots/list")]
+    assert [(e["server"], e["method"]) for e in relayed] == [("everything", "roots/list")] * len(ROOTS_ASKED)
 
 
 # --- views ------------------------------------------------------------------------------------------------------

@@ -201,7 +201,7 @@ async def test_limits(tmp_path: Path) -> None:
         "max_body_bytes": 4096,
         "max_json_depth": 16,
         "max_sessions": 3,
-        "session_idle_timeout": 1.5,
+        "session_idle_timeout": 5,  # long enough that none of the first three expires before the fourth asks
     }
     with run_gateway(tmp_path, config, env=ENV) as gw:
         huge = post(
