@@ -96,7 +96,7 @@ def build_app(settings: Settings, config: FileConfig, environ: Mapping[str, str]
         resource_server.on_outcome = registry.metrics.count_oauth_token
         assert resource_server.keys is not None
         resource_server.keys.on_fetch = registry.metrics.count_key_fetch
-    shared = shared_sessions(store, frontend.sessions, settings.session_idle_timeout)
+    shared = shared_sessions(store, frontend.sessions, settings.session_idle_timeout, frontend.tools.origin)
     gate = AuthGate(
         lane,
         settings.auth.tokens,
@@ -142,7 +142,7 @@ def build_app(settings: Settings, config: FileConfig, environ: Mapping[str, str]
             tg.start_soon(on_sighup)
             if shared is not None:
                 tg.start_soon(shared.follow)
-                tg.start_soon(shared.deliver, gate.inject)
+                tg.start_soon(shared.deliver, gate.inject, gate.serve_handed)
             if resource_server is not None:
                 tg.start_soon(resource_server.warm_up)
             app.state.started = True

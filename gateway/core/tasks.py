@@ -6,7 +6,9 @@ A server's task id is never shown as is: the caller gets an id of the gateway's,
 that runs the task and to its owner (a 2025-era caller's session; for sessionless 2026 callers, the
 token), so ids of two servers never meet and one client cannot read, answer or cancel another's
 task. Requests about a task go to its server under the server's own id, with the rest of their
-parameters unchanged, and every task in an answer is shown under the caller's id.
+parameters unchanged, and every task in an answer is shown under the caller's id. The gateway's id begins with
+the `origin` of the process that handed it out, so a request about it that reaches another replica is handed
+over to this one (see `downstream.replicas`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ if TYPE_CHECKING:
 
 Json = dict[str, Any]
 MAX_TASKS = 10_000
+PREFIX = "manifold-"
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +44,8 @@ class TaskRef:
 class Tasks:
     """The tasks handed out to callers, by the gateway's id."""
 
-    def __init__(self) -> None:
+    def __init__(self, origin: str) -> None:
+        self.origin = origin
         self._refs: dict[str, TaskRef] = {}
         self._by_upstream: dict[tuple[str, str], str] = {}
 
@@ -62,10 +66,18 @@ class Tasks:
             oldest = next(iter(self._refs))
             ref = self._refs.pop(oldest)
             self._by_upstream.pop((ref.server, ref.upstream_id), None)
-        public = f"manifold-{secrets.token_hex(12)}"
+        public = f"{PREFIX}{self.origin}-{secrets.token_hex(12)}"
         self._refs[public] = TaskRef(server, upstream_id, owner)
         self._by_upstream[(server, upstream_id)] = public
         return public
+
+    @staticmethod
+    def origin_of(public: str) -> str | None:
+        """The origin of the process that handed out a gateway's task id."""
+        if not public.startswith(PREFIX):
+            return None
+        origin, dash, _ = public[len(PREFIX) :].partition("-")
+        return origin if dash else None
 
     def resolve(self, public: str, owner: str) -> TaskRef:
         """The task a caller names; another caller's task is as unknown as one that never existed."""

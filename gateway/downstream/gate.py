@@ -11,12 +11,13 @@ token the rule's view name and the token's subject, so two subjects under one ru
 
 from __future__ import annotations
 
+import base64
 import gc
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import accumulate
-from typing import Any
+from typing import Any, cast
 
 import anyio.to_thread
 from mcp.server.transport_security import TransportSecuritySettings
@@ -29,7 +30,7 @@ from gateway.downstream.sessions import Sessions, asks_capabilities
 from gateway.observe.logs import get_logger
 from gateway.policy.access import OPEN_VIEW, TokenTable, View, views_for
 from gateway.policy.bucket import TokenBucket
-from gateway.protocol.era import handshake_version
+from gateway.protocol.era import Era, handshake_version
 from gateway.protocol.jsonrpc import decode, encode, error_body
 
 log = get_logger("gate")
@@ -41,6 +42,11 @@ MESSAGE_KEY = "manifold_message"
 SCAN_LIMIT = 64 * 1024
 OFF_LOOP_BODY = 256 * 1024  # bodies this large are decoded in a worker thread, off the event loop
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "[::1]")
+UNSHARED = frozenset({b"authorization", b"cookie", b"proxy-authorization"})  # never handed to another replica
+HOLDER_GONE = (
+    "the gateway replica that held this {what} is gone (it stopped or restarted), so it cannot be resumed; "
+    "the call may have run"
+)
 
 
 def transport_security(allowed_hosts: list[str], allowed_origins: list[str]) -> TransportSecuritySettings:
@@ -275,6 +281,13 @@ class AuthGate:
             if caller is None:
                 return
             view, subject = caller
+        await self._serve(scope, receive, send, view, subject, endpoint)
+
+    async def _serve(
+        self, scope: Scope, receive: Receive, send: Send, base: View, subject: str | None, endpoint: str | None
+    ) -> None:
+        """Serve an authenticated caller's request (`base`: its view before the endpoint narrows it)."""
+        view = base
         if endpoint is not None:
             narrowed = self._at.get((view.name, endpoint))
             if narrowed is None:
@@ -283,7 +296,7 @@ class AuthGate:
             view = narrowed
             scope = {**scope, "path": "/mcp", "raw_path": b"/mcp"}
         owner = view.name if subject is None else f"{view.name}|sub={subject}"
-        raw_session = headers.get(SESSION_HEADER)
+        raw_session = dict(scope["headers"]).get(SESSION_HEADER)
         session = raw_session.decode("latin-1") if raw_session is not None else None
         if session is not None:
             known = self.sessions.owner(session)
@@ -321,6 +334,10 @@ class AuthGate:
                 await send({"type": "http.response.start", "status": 202, "headers": [(b"content-length", b"0")]})
                 await send({"type": "http.response.body", "body": b""})
                 return  # another replica asked the question this answers: passed there
+            if self.shared is not None and (holder := self.shared.holder_of(message)) is not None:
+                handed = {"view": base.name, "subject": subject, "endpoint": endpoint}
+                await self._hand_over(holder, handed, scope, body, message, send)
+                return
             receive = _replay(body, receive)
             scope.setdefault("state", {})[MESSAGE_KEY] = message
         state = scope.setdefault("state", {})
@@ -362,33 +379,60 @@ class AuthGate:
         message, problem = decode_message(body, self.limits.max_json_depth)
         if problem is not None or not _is_answer(message):
             return
-        scope: Scope = {
-            "type": "http",
-            "asgi": {"version": "3.0"},
-            "http_version": "1.1",
-            "method": "POST",
-            "scheme": "http",
-            "path": "/mcp",
-            "raw_path": b"/mcp",
-            "query_string": b"",
-            "root_path": "",
-            "client": ("127.0.0.1", 0),
-            "server": ("127.0.0.1", 0),
-            "headers": [
-                (b"host", b"127.0.0.1"),
-                (b"content-type", b"application/json"),
-                (b"accept", b"application/json, text/event-stream"),
-                (SESSION_HEADER, session.encode("latin-1")),
-                (b"mcp-protocol-version", version.encode()),
-                (b"content-length", str(len(body)).encode()),
-            ],
-            "state": {MESSAGE_KEY: message, SCOPE_KEY: view, OWNER_KEY: owner or view.name},
-        }
+        headers = [
+            (b"host", b"127.0.0.1"),
+            (b"content-type", b"application/json"),
+            (b"accept", b"application/json, text/event-stream"),
+            (SESSION_HEADER, session.encode("latin-1")),
+            (b"mcp-protocol-version", version.encode()),
+            (b"content-length", str(len(body)).encode()),
+        ]
+        scope = _post_scope(headers)
+        scope["state"] = {MESSAGE_KEY: message, SCOPE_KEY: view, OWNER_KEY: owner or view.name}
 
         async def nowhere(_: Message) -> None:
             return None
 
         await self.app(scope, _replay(body, _closed), nowhere)
+
+    async def _hand_over(
+        self, holder: str, caller: dict[str, Any], scope: Scope, body: bytes, message: Any, send: Send
+    ) -> None:
+        """Have the replica `holder` serve a request about a call or task it holds, and pass its answer on. The
+        caller's credentials stay here: the holder is told who the caller is."""
+        assert self.shared is not None
+        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"] if k not in UNSHARED]
+        request = {**caller, "headers": headers, "body": base64.b64encode(body).decode()}
+        answer = await self.shared.hand_over(holder, request)
+        if answer is None:
+            version = dict(scope["headers"]).get(b"mcp-protocol-version", b"").decode("latin-1")
+            await _answer_json(send, _holder_gone(message, version))
+            return
+        raw = base64.b64decode(answer["body"])
+        start = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in answer["headers"]]
+        await send({"type": "http.response.start", "status": answer["status"], "headers": start})
+        await send({"type": "http.response.body", "body": raw})
+
+    async def serve_handed(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Serve a request another replica handed over (it names a call or task held here) as if it had come here,
+        for the caller that replica authenticated; its whole HTTP answer."""
+        status, headers, chunks = 500, cast(list[list[str]], []), cast(list[bytes], [])
+        base = self._views.get(request["view"]) if self._guarded else OPEN_VIEW
+        scope = _post_scope([(k.encode("latin-1"), v.encode("latin-1")) for k, v in request["headers"]])
+
+        async def keep(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                headers.extend([k.decode("latin-1"), v.decode("latin-1")] for k, v in message.get("headers", []))
+            elif message["type"] == "http.response.body":
+                chunks.append(message.get("body", b""))
+
+        if base is None:
+            return {"status": 404, "headers": [], "body": ""}  # a view this replica's config does not have
+        body = base64.b64decode(request["body"])
+        await self._serve(scope, _replay(body, _waiting), keep, base, request["subject"], request["endpoint"])
+        return {"status": status, "headers": headers, "body": base64.b64encode(b"".join(chunks)).decode()}
 
     async def _share(self, session: str, view: str, owner: str, opening: dict[str, Any]) -> None:
         """Keep a session just opened with the `initialize` request `opening` where every replica finds it."""
@@ -409,8 +453,51 @@ def _is_answer(message: Any) -> bool:
     )
 
 
+def _post_scope(headers: list[tuple[bytes, bytes]]) -> Scope:
+    """The scope of a POST to `/mcp` made inside the gateway (a request or answer another replica passed here)."""
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/mcp",
+        "raw_path": b"/mcp",
+        "query_string": b"",
+        "root_path": "",
+        "client": ("127.0.0.1", 0),
+        "server": ("127.0.0.1", 0),
+        "headers": headers,
+    }
+
+
 async def _closed() -> Message:
     return {"type": "http.disconnect"}
+
+
+async def _waiting() -> Message:
+    """A client that stays until the answer is whole (a handed-over request's: its own client waits elsewhere)."""
+    await anyio.sleep_forever()
+    raise AssertionError("unreachable")
+
+
+def _holder_gone(message: Any, version: str) -> dict[str, Any]:
+    """The answer to a request about a call or task whose replica is gone: the call may have run."""
+    params = message.get("params") if isinstance(message, dict) else None
+    if message.get("method") == "tools/call":
+        name = params.get("name") if isinstance(params, dict) else None
+        text = f"{str(name)[:128]}: {HOLDER_GONE.format(what='call')}"
+        result = Era.of(version).with_result_type({"content": [{"type": "text", "text": text}], "isError": True})
+        return {"jsonrpc": "2.0", "id": message.get("id"), "result": result}
+    task = str(params.get("taskId"))[:128] if isinstance(params, dict) else ""
+    return error_body(-32602, f"Task {task}: {HOLDER_GONE.format(what='task')}", message.get("id"))
+
+
+async def _answer_json(send: Send, answer: dict[str, Any]) -> None:
+    body = encode(answer)
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 class Gone(Exception):

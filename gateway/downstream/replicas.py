@@ -13,6 +13,11 @@ A server's question to a 2025-era client is asked by the replica serving the cal
 its own, may reach another. Each replica notes in the store the sessions it has questions out to, and a replica
 that receives an answer it did not ask for passes it over pub/sub to the ones that did (`route_answer`,
 `deliver`), which hand it to their SDK as if the client had posted it there.
+
+A held call (`requestState`) and a task live on the replica that began them; their ids begin with its mark. A
+request about one that reaches another replica is handed over to that one through its inbox in the store, run
+there as if it had arrived there, and its HTTP answer passed back (`holder_of`, `hand_over`). When that replica is
+gone, the request is answered with an error that says the call may have run.
 """
 
 from __future__ import annotations
@@ -26,12 +31,17 @@ from typing import Any, Literal, Protocol, cast
 
 import anyio
 
+from gateway.core.tasks import Tasks
 from gateway.downstream.sessions import Sessions, asks_capabilities
 from gateway.observe.logs import get_logger
+from gateway.relay.held import HeldCalls
 from gateway.store import Store, StoreError
 
 log = get_logger("replicas")
 Found = Literal["known", "taken", "foreign", "unknown"]
+Json = dict[str, Any]
+TASK_METHODS = frozenset({"tasks/get", "tasks/result", "tasks/update", "tasks/cancel"})
+HOLDER_CHECK = 1.0  # seconds between checks that the replica running a handed-over request is still there
 
 
 class SessionStore(Protocol):
@@ -42,19 +52,21 @@ class SessionStore(Protocol):
     async def delete_session(self, key: str) -> bool: ...
     async def asking(self, session: str, replica: str, delta: int, ttl: float) -> None: ...
     async def askers(self, session: str) -> list[str]: ...
-    async def send_answer(self, replica: str, payload: bytes) -> None: ...
-    def answers(self, replica: str) -> Any: ...
+    async def send_to(self, replica: str, payload: bytes) -> int: ...
+    async def listening(self, replica: str) -> bool: ...
+    def inbox(self, replica: str) -> Any: ...
     def changes(self) -> Any: ...
 
 
 Inject = Callable[[str, str, bytes], Awaitable[None]]  # hands (session, version, body) to this replica's SDK
+Serve = Callable[[Json], Awaitable[Json]]  # runs a request handed over to this replica; its HTTP answer
 
 
 class SharedSessions:
     """The records of 2025-era sessions in the shared store: written when this replica opens one, read (and kept
     alive) on every request of one, whichever replica opened it."""
 
-    def __init__(self, store: SessionStore, sessions: Sessions, idle_timeout: float) -> None:
+    def __init__(self, store: SessionStore, sessions: Sessions, idle_timeout: float, replica: str) -> None:
         self._store = store
         self._sessions = sessions
         self._ttl = idle_timeout
@@ -62,7 +74,8 @@ class SharedSessions:
         self._versions: dict[str, str] = {}  # the revision each session settled on, from its record
         self._asking: Counter[str] = Counter()  # questions this replica has out, by session
         self._ending: set[str] = set()  # sessions whose DELETE this replica is serving
-        self.replica = secrets.token_hex(8)
+        self._replies: dict[str, tuple[anyio.Event, list[Json]]] = {}  # requests handed over, by ticket
+        self.replica = replica
         sessions.on_level = self.level_set
         sessions.asking = self.asking
 
@@ -143,27 +156,79 @@ class SharedSessions:
             return False
         try:
             askers = [r for r in await self._store.askers(session_id) if r != self.replica]
-            payload = json.dumps({"session": session_id, "body": body.decode()}).encode()
+            payload = json.dumps({"kind": "answer", "session": session_id, "body": body.decode()}).encode()
             for replica in askers:
-                await self._store.send_answer(replica, payload)
+                await self._store.send_to(replica, payload)
         except (StoreError, UnicodeDecodeError) as e:
             log.warning("an answer could not be passed to the replica that asked", reason=str(e))
             return False
         return bool(askers)
 
-    async def deliver(self, inject: Inject) -> None:
-        """Hand the answers other replicas pass here to this replica's SDK (forever: run it in a task)."""
-        async for payload in self._store.answers(self.replica):
-            try:
-                message = json.loads(payload)
-                session_id, body = message["session"], message["body"].encode()
-            except (ValueError, KeyError, TypeError, AttributeError):
-                continue
-            if self._sessions.owner(session_id) is None:
-                continue
-            version = self._versions.get(session_id)
-            if version is not None:
-                await inject(session_id, version, body)
+    def holder_of(self, message: Any) -> str | None:
+        """The replica holding what a request names (a held call's `requestState`, a task's id), when another."""
+        params = message.get("params") if isinstance(message, dict) else None
+        if not isinstance(params, dict):
+            return None
+        method, origin = message.get("method"), None
+        if method == "tools/call" and isinstance(state := params.get("requestState"), str):
+            origin = HeldCalls.origin_of(state)
+        elif method in TASK_METHODS and isinstance(task := params.get("taskId"), str):
+            origin = Tasks.origin_of(task)
+        return origin if origin is not None and origin != self.replica else None
+
+    async def hand_over(self, holder: str, request: Json) -> Json | None:
+        """Run `request` (an HTTP request, see `AuthGate.serve_handed`) on the replica `holder` and return its HTTP
+        answer; None when that replica is gone (stopped, killed, or cut off from the store) before it answered."""
+        ticket = secrets.token_hex(8)
+        arrived, box = anyio.Event(), cast(list[Json], [])
+        self._replies[ticket] = (arrived, box)
+        try:
+            envelope = {**request, "kind": "request", "from": self.replica, "ticket": ticket}
+            if await self._store.send_to(holder, json.dumps(envelope).encode()) == 0:
+                return None
+            while not arrived.is_set():
+                with anyio.move_on_after(HOLDER_CHECK):
+                    await arrived.wait()
+                if not arrived.is_set() and not await self._store.listening(holder):
+                    return None
+            return box[0]
+        except StoreError as e:
+            log.warning("a request could not be handed to the replica holding its call", reason=str(e))
+            return None
+        finally:
+            self._replies.pop(ticket, None)
+
+    async def deliver(self, inject: Inject, serve: Serve) -> None:
+        """Take what other replicas pass here (forever: run it in a task): a client's answer to a question asked
+        here (handed to this replica's SDK), a request about a call or task held here (run, and its answer sent
+        back), and the answers to the requests this replica handed over."""
+        async with anyio.create_task_group() as tg:
+            async for payload in self._store.inbox(self.replica):
+                try:
+                    message = json.loads(payload)
+                    kind = message["kind"]
+                    if kind == "answer":
+                        await self._take_answer(message["session"], message["body"].encode(), inject)
+                    elif kind == "request":
+                        tg.start_soon(self._serve, message, serve)
+                    elif kind == "reply" and (waiting := self._replies.get(message["ticket"])) is not None:
+                        waiting[1].append(message)
+                        waiting[0].set()
+                except (ValueError, KeyError, TypeError, AttributeError) as e:
+                    log.warning("a message from another replica could not be read", reason=type(e).__name__)
+
+    async def _take_answer(self, session_id: str, body: bytes, inject: Inject) -> None:
+        if self._sessions.owner(session_id) is None:
+            return
+        version = self._versions.get(session_id)
+        if version is not None:
+            await inject(session_id, version, body)
+
+    async def _serve(self, request: Json, serve: Serve) -> None:
+        answer = await serve(request)
+        with suppress(StoreError):
+            reply = {**answer, "kind": "reply", "ticket": request["ticket"]}
+            await self._store.send_to(request["from"], json.dumps(reply).encode())
 
     async def ending(self, session_id: str) -> None:
         """The client is deleting the session here: delete its record, so every replica forgets it (this one
@@ -193,11 +258,12 @@ class SharedSessions:
                 await self.resolve(session_id, "")  # reads the record; a deleted one is forgotten here
 
 
-def shared_sessions(store: Store, sessions: Sessions, idle_timeout: float) -> SharedSessions | None:
-    """2025-era sessions every replica can serve, when the store is shared (Redis); else None."""
+def shared_sessions(store: Store, sessions: Sessions, idle_timeout: float, replica: str) -> SharedSessions | None:
+    """2025-era sessions every replica can serve, when the store is shared (Redis); else None. `replica` is this
+    process's mark (the one its held calls and tasks carry)."""
     if store.kind != "redis":
         return None
-    return SharedSessions(cast(SessionStore, store), sessions, idle_timeout)
+    return SharedSessions(cast(SessionStore, store), sessions, idle_timeout, replica)
 
 
 def _decode(raw: bytes) -> dict[str, str] | None:

@@ -3,6 +3,7 @@ gives it, held calls, the gateway's own search and call tools, and which calls t
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -102,8 +103,9 @@ class ToolHandlers:
         self.deferred = deferred
         self.confirm_key = confirm_key
         self.finder = Finder(registry.catalog, search_model)
-        self.held = HeldCalls()
-        self.tasks = Tasks()
+        self.origin = secrets.token_hex(8)  # this process's mark on the held calls and tasks it hands out
+        self.held = HeldCalls(self.origin)
+        self.tasks = Tasks(self.origin)
 
     def input_schema(self, name: str) -> Any:
         """The input schema of a public tool name, for the SDK's `Mcp-Param-*` header checks."""

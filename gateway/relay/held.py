@@ -4,9 +4,10 @@ A 2026-07-28 client cannot be sent a request mid-call. When the server of its ca
 (sampling, elicitation, roots), the call is held open upstream, the caller's request is answered
 with an `input_required` result naming what the server asked, and the client's retry (with
 `inputResponses` and the `requestState` it was given) delivers the answers to the waiting server.
-A held call nobody comes back for is cancelled after the server's timeout. Held calls live in this
-process: the retry must reach the same replica. A held call is its caller's: its `requestState` opens it
-only for the same caller (token, or OAuth rule and subject) retrying the same tool.
+A held call nobody comes back for is cancelled after the server's timeout. A held call is its caller's: its
+`requestState` opens it only for the same caller (token, or OAuth rule and subject) retrying the same tool.
+Held calls live in the process that holds them open upstream; the key begins with that process's `origin`, so
+a retry that reaches another replica is handed over to this one (see `downstream.replicas`).
 """
 
 from __future__ import annotations
@@ -98,7 +99,8 @@ class Held:
 class HeldCalls:
     """The held calls of this process, sealed into `requestState` with a key only this process knows."""
 
-    def __init__(self, key: bytes | None = None) -> None:
+    def __init__(self, origin: str, key: bytes | None = None) -> None:
+        self.origin = origin
         self._key = key or secrets.token_bytes(32)
         self._held: dict[str, Held] = {}
 
@@ -123,15 +125,28 @@ class HeldCalls:
 
     @staticmethod
     def ours(state: str | None) -> bool:
-        """Whether a `requestState` was made here (else it is the server's own, passed through)."""
+        """Whether a `requestState` was made by the gateway (else it is the server's own, passed through)."""
         return bool(state and state.startswith(STATE_PREFIX))
+
+    @staticmethod
+    def origin_of(state: str) -> str | None:
+        """The origin of the process holding the call a gateway's `requestState` names."""
+        if not state.startswith(STATE_PREFIX):
+            return None
+        origin, dash, _ = state[len(STATE_PREFIX) :].partition("-")
+        return origin if dash else None
 
     def open(self, capabilities: Json, timeout: float, labels: Json | None = None, *, owner: str, tool: str) -> Held:
         """A new held call of `owner` to `tool`, for a caller with `capabilities`, cancelled unless done or
         answered within `timeout`; `labels` go in the `_meta` of each `input_required` round (which server
         asks, how far to trust it)."""
         held = Held(
-            secrets.token_hex(12), capabilities, anyio.current_time() + timeout, dict(labels or {}), owner, tool
+            f"{self.origin}-{secrets.token_hex(12)}",
+            capabilities,
+            anyio.current_time() + timeout,
+            dict(labels or {}),
+            owner,
+            tool,
         )
         held.scope.deadline = held.deadline
         self._held[held.key] = held

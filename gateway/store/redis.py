@@ -19,7 +19,7 @@ CHANNEL = "manifold:servers:changed"
 LOCKS = "manifold:lock:"
 SESSIONS = "manifold:session:"  # one key per 2025-era session, expiring when idle (see `put_session`)
 ASKING = "manifold:asking:"  # per session: the replicas with a question out to its client, and how many
-ANSWERS = "manifold:answers:"  # per replica: the answers to its questions that reached another replica
+INBOX = "manifold:replica:"  # per replica: what other replicas pass it (answers, handed-over requests, replies)
 # Delete the lock only while it is still this holder's: it may have expired and been taken by another.
 UNLOCK = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end"
 
@@ -165,20 +165,28 @@ class RedisStore:
             raise self._error(e) from None
         return [name.decode(errors="replace") for name, count in counts.items() if int(count) > 0]
 
-    async def send_answer(self, replica: str, payload: bytes) -> None:
-        """Pass a client's answer to the replica that asked (see `answers`)."""
+    async def send_to(self, replica: str, payload: bytes) -> int:
+        """Pass a message to another replica's inbox (see `inbox`); how many received it (0: none is listening)."""
         try:
-            await self._client.publish(ANSWERS + replica, payload)
+            return int(await self._client.publish(INBOX + replica, payload))
         except (RedisError, OSError) as e:
             raise self._error(e) from None
 
-    async def answers(self, replica: str) -> AsyncIterator[bytes]:
-        """The answers passed to `replica` (forever; resubscribes while Redis is down)."""
+    async def listening(self, replica: str) -> bool:
+        """Whether a replica is listening to its inbox (it is alive and reaches Redis)."""
+        try:
+            counts = await self._client.pubsub_numsub(INBOX + replica)
+        except (RedisError, OSError) as e:
+            raise self._error(e) from None
+        return any(int(count) > 0 for _, count in counts)
+
+    async def inbox(self, replica: str) -> AsyncIterator[bytes]:
+        """The messages passed to `replica` (forever; resubscribes while Redis is down)."""
         while True:
             try:
                 pubsub = self._client.pubsub()
                 async with pubsub:
-                    await pubsub.subscribe(ANSWERS + replica)
+                    await pubsub.subscribe(INBOX + replica)
                     async for message in pubsub.listen():
                         if message.get("type") == "message" and isinstance(message.get("data"), bytes):
                             yield message["data"]

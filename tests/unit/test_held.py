@@ -19,7 +19,7 @@ def anyio_backend() -> str:
 
 
 async def test_a_question_becomes_a_round_and_the_answer_reaches_the_server() -> None:
-    held_calls = HeldCalls(b"k" * 32)
+    held_calls = HeldCalls("a1b2c3", b"k" * 32)
     held = held_calls.open({"elicitation": {}}, timeout=5, owner="token:alice", tool="s__ask")
 
     async def call() -> dict[str, Any]:
@@ -40,6 +40,8 @@ async def test_a_question_becomes_a_round_and_the_answer_reaches_the_server() ->
         assert held_calls.find(state, "token:alice", "s__other") is None, "another tool's"
         assert held_calls.find("someone-elses-state", "token:alice", "s__ask") is None
         assert not HeldCalls.ours("someone-elses-state")
+        assert HeldCalls.origin_of(state) == "a1b2c3", "the state names the process holding the call"
+        assert HeldCalls.origin_of("someone-elses-state") is None
         held.answer({key: {"action": "accept", "content": {"name": "Ada"}}})
         result = await held_calls.next_answer(held)
     assert result["content"][0]["text"] == "hello Ada"
@@ -47,7 +49,7 @@ async def test_a_question_becomes_a_round_and_the_answer_reaches_the_server() ->
 
 
 async def test_a_missing_answer_fails_the_servers_question_and_an_abandoned_call_is_cancelled() -> None:
-    held_calls = HeldCalls()
+    held_calls = HeldCalls("a1b2c3")
     held = held_calls.open({"sampling": {}}, timeout=0.3, owner="token:alice", tool="s__ask")
     outcome: list[str] = []
 
