@@ -97,6 +97,8 @@ def build_app(settings: Settings, config: FileConfig, environ: Mapping[str, str]
         assert resource_server.keys is not None
         resource_server.keys.on_fetch = registry.metrics.count_key_fetch
     shared = shared_sessions(store, frontend.sessions, settings.session_idle_timeout, frontend.tools.origin)
+    if shared is not None:
+        shared.on_subscriptions = frontend.notices.follow
     gate = AuthGate(
         lane,
         settings.auth.tokens,

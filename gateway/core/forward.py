@@ -197,7 +197,7 @@ async def _with_retries(upstream: UpstreamServer, entry: Entry, send: Callable[[
             attempt += 1
             # A server that is reconnecting gets a moment, bounded so a dead one fails the call soon; when the
             # connection the call failed on is gone, the retry waits for a newer one (not the one still ending).
-            gone = upstream.ending or upstream.state is not State.UP
+            gone = failure.dropped or upstream.ending or upstream.state is not State.UP
             await upstream.wait_up(min(upstream.spec.startup_timeout, policy.max_delay), connection if gone else None)
 
 

@@ -89,8 +89,8 @@ class ContentHandlers:
         session_id = session_of(ctx)
         if session_id is not None:
             self.sessions.set_level(session_id, params.level)
-            if self.sessions.on_level is not None:
-                await self.sessions.on_level(session_id, params.level)
+            if self.sessions.share is not None:
+                await self.sessions.share(session_id, {"level": params.level})
         # A server keeps one level for all its callers: the most verbose any session wants; each session's
         # own level filters what reaches it.
         levels = [*self.sessions.levels(), params.level]
@@ -110,6 +110,8 @@ class ContentHandlers:
             raise surface.resource_not_found(uri, ctx.protocol_version)
         session_id = session_of(ctx)
         if session_id is not None:
-            self.sessions.subscribe(session_id, uri, on)
+            subscribed = self.sessions.subscribe(session_id, uri, on)
+            if self.sessions.share is not None:
+                await self.sessions.share(session_id, {"subscribed": subscribed})
         await self.notices.follow()
         return {}

@@ -47,7 +47,7 @@ HOLDER_CHECK = 1.0  # seconds between checks that the replica running a handed-o
 class SessionStore(Protocol):
     """A store that keeps sessions for every replica (Redis)."""
 
-    async def put_session(self, key: str, value: bytes, ttl: float) -> None: ...
+    async def put_session(self, key: str, value: bytes, ttl: float, *, announce: bool = False) -> None: ...
     async def use_session(self, key: str, ttl: float) -> bytes | None: ...
     async def delete_session(self, key: str) -> bool: ...
     async def asking(self, session: str, replica: str, delta: int, ttl: float) -> None: ...
@@ -76,7 +76,8 @@ class SharedSessions:
         self._ending: set[str] = set()  # sessions whose DELETE this replica is serving
         self._replies: dict[str, tuple[anyio.Event, list[Json]]] = {}  # requests handed over, by ticket
         self.replica = replica
-        sessions.on_level = self.level_set
+        sessions.share = self.share
+        self.on_subscriptions: Callable[[], Awaitable[None]] | None = None  # a session's subscriptions changed here
         sessions.asking = self.asking
 
     async def opened(self, session_id: str, view: str, owner: str, opening: bytes, version: str) -> None:
@@ -115,23 +116,28 @@ class SharedSessions:
             self._sessions.open_dormant(session_id, record["view"], owner, opening, record["version"], talks=talks)
             log.info("session taken up from the store", session=session_id[:8])
         self._versions[session_id] = record["version"]
-        level = record.get("level")
-        if level is not None and self._sessions.level(session_id) != level:
-            self._sessions.set_level(session_id, level)
+        adopted = self._sessions.adopt(session_id, record.get("level"), record["subscribed"], record["revealed"])
+        if adopted.subscriptions and self.on_subscriptions is not None:
+            await self.on_subscriptions()  # follow upstream what the session now follows, for its stream here
+        if adopted.listing and adopted.pusher is not None:
+            with suppress(Exception):  # a stream that just ended: its client lists afresh when it comes back
+                await adopted.pusher.send_tool_list_changed()
         return "taken" if taken else "known"
 
-    async def level_set(self, session_id: str, level: str) -> None:
-        """Record the log level a session's client set, so the replica serving its next call filters by it."""
+    async def share(self, session_id: str, fields: dict[str, Any]) -> None:
+        """Record a change to a session's own state (its log level, subscriptions, or the tools a search revealed
+        to it) and announce it: the replica holding the session's stream follows its resources and tells it of its
+        listing, and the one serving its next call filters by its level."""
         if session_id in self._local:
             return
         try:
             raw = await self._store.use_session(session_id, self._ttl)
             record = _decode(raw) if raw is not None else None
             if record is not None:
-                record["level"] = level
-                await self._store.put_session(session_id, json.dumps(record).encode(), self._ttl)
+                record.update(fields)
+                await self._store.put_session(session_id, json.dumps(record).encode(), self._ttl, announce=True)
         except StoreError as e:
-            log.warning("session log level not shared; only this replica filters by it", reason=str(e))
+            log.warning("a session's state not shared; only this replica knows it", reason=str(e))
 
     @asynccontextmanager
     async def asking(self, session_id: str) -> AsyncIterator[None]:
@@ -246,16 +252,19 @@ class SharedSessions:
         self._versions.pop(session_id, None)
 
     async def follow(self) -> None:
-        """End, on this replica, the sessions deleted on another (their GET streams included) as soon as the
-        store says so (forever: run it in a task). A request that comes first finds the record gone anyway."""
+        """End, on this replica, the sessions deleted on another (their GET streams included), and take the state
+        another replica changed of the ones it holds, as soon as the store says so (forever: run it in a task). A
+        request that comes first reads the record anyway."""
         async for reason in self._store.changes():
             if not reason.startswith("session "):
                 continue
             session_id = reason.removeprefix("session ")
             if session_id in self._ending or session_id in self._local:
                 continue  # deleted here: the SDK's own DELETE ends it
-            if self._sessions.owner(session_id) is not None:
-                await self.resolve(session_id, "")  # reads the record; a deleted one is forgotten here
+            owner = self._sessions.owner(session_id)
+            if owner is not None:
+                await self.resolve(session_id, owner)  # reads the record: a deleted one is forgotten here, a
+                # changed one's state taken
 
 
 def shared_sessions(store: Store, sessions: Sessions, idle_timeout: float, replica: str) -> SharedSessions | None:
@@ -266,7 +275,7 @@ def shared_sessions(store: Store, sessions: Sessions, idle_timeout: float, repli
     return SharedSessions(cast(SessionStore, store), sessions, idle_timeout, replica)
 
 
-def _decode(raw: bytes) -> dict[str, str] | None:
+def _decode(raw: bytes) -> dict[str, Any] | None:
     """A session record, or None when it is not one (a corrupt row is treated as no session)."""
     try:
         record = json.loads(raw)
@@ -275,7 +284,10 @@ def _decode(raw: bytes) -> dict[str, str] | None:
     keys = ("view", "owner", "version", "opening")
     if not isinstance(record, dict) or not all(isinstance(record.get(k), str) for k in keys):
         return None
-    found = {k: record[k] for k in keys}
+    found: dict[str, Any] = {k: record[k] for k in keys}
     if isinstance(level := record.get("level"), str):
         found["level"] = level
+    for listed in ("subscribed", "revealed"):
+        names = record.get(listed)
+        found[listed] = [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
     return found

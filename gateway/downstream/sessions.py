@@ -46,6 +46,15 @@ class Dormant:
     woken: anyio.Event | None = None  # set once a wake is under way: later requests wait for it
 
 
+@dataclass(frozen=True)
+class Adopted:
+    """What taking a session's shared state changed here: its subscriptions, its listing (and where to say so)."""
+
+    subscriptions: bool
+    listing: bool
+    pusher: Any
+
+
 @dataclass
 class Session:
     """One open 2025-era session: the view it belongs to, its owner (who alone may use it), and (once it served
@@ -69,7 +78,8 @@ class Sessions:
         self._by_id: dict[str, Session] = {}
         self._prune_at = 64
         self.on_end: Callable[[str], None] = lambda session_id: None
-        self.on_level: Callable[[str, str], Awaitable[None]] | None = None  # shares a level set (replicas)
+        # tells the shared store of a change to a session's own state (`level`, `subscribed`, `revealed`; replicas)
+        self.share: Callable[[str, dict[str, Any]], Awaitable[None]] | None = None
         self.asking: Callable[[str], AbstractAsyncContextManager[None]] | None = None  # a question out (replicas)
 
     def attach(self, manager: StreamableHTTPSessionManager) -> None:
@@ -178,11 +188,26 @@ class Sessions:
         self.prune()
         return [s.level for s in self._by_id.values() if s.level is not None]
 
-    def subscribe(self, session_id: str, uri: str, on: bool) -> None:
-        """Record (or drop) the session's subscription to a resource."""
+    def subscribe(self, session_id: str, uri: str, on: bool) -> list[str]:
+        """Record (or drop) the session's subscription to a resource; the session's subscriptions now."""
         session = self._by_id.get(session_id)
-        if session is not None:
-            (session.subscribed.add if on else session.subscribed.discard)(uri)
+        if session is None:
+            return []
+        (session.subscribed.add if on else session.subscribed.discard)(uri)
+        return sorted(session.subscribed)
+
+    def adopt(self, session_id: str, level: str | None, subscribed: list[str], revealed: list[str]) -> Adopted:
+        """Take a session's own state as another replica left it (from its shared record)."""
+        session = self._by_id.get(session_id)
+        if session is None:
+            return Adopted(False, False, None)
+        if level is not None and session.level != level:
+            session.level, session.talks = level, True
+        subscriptions = set(subscribed) != session.subscribed
+        session.subscribed = set(subscribed)
+        grew = not set(revealed) <= session.revealed
+        session.revealed |= set(revealed)
+        return Adopted(subscriptions, grew, session.pusher)
 
     def subscribed(self) -> Iterator[tuple[str, str, Any]]:
         """(view, URI, SDK session) of every live subscription of a 2025-era session."""

@@ -226,6 +226,8 @@ class ToolHandlers:
         if Era.of(ctx.protocol_version).modern or not session_id or not names:
             return
         if self.sessions.reveal(session_id, names, MAX_REVEALED):
+            if self.sessions.share is not None:
+                await self.sessions.share(session_id, {"revealed": sorted(self.sessions.revealed(session_id))})
             try:
                 await ctx.session.send_tool_list_changed()
             except Exception as e:

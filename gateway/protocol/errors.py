@@ -27,12 +27,15 @@ class CallFailed(Exception):
     """A call did not reach a result. The message says why, for the model to read.
 
     `transient` failures may be retried for read-only and idempotent tools; `repeatable` ones never
-    reached the tool, so any tool may be retried; `outcome` is the metrics outcome.
+    reached the tool, so any tool may be retried; `dropped` ones ended the connection they travelled on (a
+    retry waits for the next); `outcome` is the metrics outcome.
     """
 
-    def __init__(self, message: str, *, outcome: str, transient: bool, repeatable: bool = False) -> None:
+    def __init__(
+        self, message: str, *, outcome: str, transient: bool, repeatable: bool = False, dropped: bool = False
+    ) -> None:
         super().__init__(message)
-        self.outcome, self.transient, self.repeatable = outcome, transient, repeatable
+        self.outcome, self.transient, self.repeatable, self.dropped = outcome, transient, repeatable, dropped
 
 
 def unavailable(server: str, reason: str, *, repeatable: bool = False) -> CallFailed:

@@ -112,11 +112,13 @@ class RedisStore:
             raise self._error(e) from None
         return deleted
 
-    async def put_session(self, key: str, value: bytes, ttl: float) -> None:
+    async def put_session(self, key: str, value: bytes, ttl: float, *, announce: bool = False) -> None:
         """Keep a downstream session's record for `ttl` seconds (every replica reads it; see `gateway.downstream
-        .replicas`)."""
+        .replicas`); `announce` tells every replica it changed."""
         try:
             await self._client.set(SESSIONS + key, value, px=max(1, int(ttl * 1000)))
+            if announce:
+                await self._client.publish(CHANNEL, f"session {key}")
         except (RedisError, OSError) as e:
             raise self._error(e) from None
 

@@ -140,12 +140,14 @@ def busy(server: str, why: str) -> CallFailed:
     return CallFailed(f"server '{server}' is busy: {why}", outcome="busy", transient=False)
 
 
-def answer_lost(server: str) -> CallFailed:
-    """The request went out and no answer came: it may have run, so only retryable tools are tried again."""
+def answer_lost(server: str, *, dropped: bool = False) -> CallFailed:
+    """The request went out and no answer came: it may have run, so only retryable tools are tried again
+    (`dropped`: the connection itself ended)."""
     return CallFailed(
         f"server '{server}': the connection closed before the answer; the call may have run",
         outcome="unavailable",
         transient=True,
+        dropped=dropped,
     )
 
 
@@ -335,13 +337,9 @@ class Invoker:
             health.lost()
             return unavailable(name, "the connection closed before the request was sent", repeatable=True)
         if isinstance(failure, AnswerLost):
-            if self._spec.kind == "stdio":
-                # The pipes are the connection: said ended now, a retry waits for the next one (the transport's
-                # own report of the process's end may come later).
-                health.lost()
             # Over HTTP only this exchange broke (a pooled connection): the server's other calls and its session
-            # go on.
-            return answer_lost(name)
+            # go on. Over stdio the pipes are the connection: it ended (the transport reports that itself).
+            return answer_lost(name, dropped=self._spec.kind == "stdio")
         if isinstance(failure, SessionExpired):
             health.reconnect()
             return CallFailed(

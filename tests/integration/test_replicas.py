@@ -4,6 +4,7 @@ DELETE on one replica ends it on all."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -16,9 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx2
 import pytest
-from mcp import types
+from mcp import Client, types
 
 from tests.conformance import requirement_set, run_suite, running_fixture, suite_available
 from tests.fixtures.servers import free_port, stdio_spec
@@ -97,12 +99,18 @@ def redis(tmp_path: Path) -> Iterator[RedisServer]:
 
 @contextmanager
 def replicas(
-    tmp_path: Path, redis: RedisServer, count: int = 3, servers: dict[str, Any] | None = None
+    tmp_path: Path,
+    redis: RedisServer,
+    count: int = 3,
+    servers: dict[str, Any] | None = None,
+    settings: dict[str, Any] | None = None,
 ) -> Iterator[tuple[list[Gateway], str]]:
-    """`count` gateways sharing Redis (serving `fx` and `servers`), and the URL of HAProxy in front of them."""
+    """`count` gateways sharing Redis (serving `fx` and `servers`, with `settings`), and the URL of HAProxy in front
+    of them."""
     config: dict[str, Any] = {
         "store": f"redis://127.0.0.1:{redis.port}/0",
         "servers": {"fx": stdio_spec(), **(servers or {})},
+        **(settings or {}),
     }
     with ExitStack() as stack:
         gateways = []
@@ -111,7 +119,7 @@ def replicas(
             home.mkdir()
             gateways.append(stack.enter_context(run_gateway(home, config)))
         for gw in gateways:
-            _wait_tools(gw.url)
+            _wait_up(gw.base)
             wait_ready(gw.base)  # every `required` server up
         url = stack.enter_context(haproxy(tmp_path, [int(g.base.rsplit(":", 1)[1]) for g in gateways]))
         yield gateways, url
@@ -144,25 +152,15 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         redis.stop()
 
 
-def _wait_tools(url: str) -> None:
-    """Wait until a replica lists the fixture's tools (a 2026-era listing needs no session)."""
-    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"_meta": _modern_meta()}}
+def _wait_up(base: str) -> None:
+    """Wait until a replica has every server up (`fx` included, which is not `required`)."""
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        modern = {**ACCEPT, "mcp-protocol-version": "2026-07-28", "mcp-method": "tools/list"}
-        reply = httpx2.post(url, json=body, headers=modern, timeout=5)
-        if "fx__echo" in reply.text:
+        servers = httpx2.get(f"{base}/readyz", timeout=5).json().get("servers", [])
+        if servers and all(server["state"] == "up" for server in servers):
             return
         time.sleep(0.2)
-    raise AssertionError(f"{url} never listed fx__echo")
-
-
-def _modern_meta() -> dict[str, Any]:
-    return {
-        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-        "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "1"},
-        "io.modelcontextprotocol/clientCapabilities": {},
-    }
+    raise AssertionError(f"{base}: not every server came up")
 
 
 def served(gateway: Gateway, method: str) -> float:
@@ -307,6 +305,67 @@ async def test_a_servers_question_is_answered_whichever_replica_the_answer_reach
             assert not sampled.is_error and "forty-two" in sampled.content[0].text
     assert asked == ["elicitation", "sampling"] * 3, "each question asked once and answered once"
     assert sum(cluster.calls()) - before == 6
+
+
+def test_the_tools_a_search_revealed_to_a_session_are_listed_on_every_replica(
+    tmp_path: Path, redis: RedisServer
+) -> None:
+    """With deferred exposure a 2025-era session's listing grows by what its searches found: a search served by one
+    replica grows the listing every replica serves it."""
+    with replicas(tmp_path, redis, count=2, settings={"exposure": "deferred"}) as (gateways, _):
+        first, second = gateways
+        opened = httpx2.post(first.url, json=initialize_body(LEGACY), headers=ACCEPT, timeout=10)
+        headers = {**ACCEPT, "mcp-session-id": opened.headers["mcp-session-id"], "mcp-protocol-version": LEGACY}
+        notice = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+        assert httpx2.post(first.url, json=notice, headers=headers, timeout=10).status_code == 202
+
+        def listed(gateway: Gateway) -> set[str]:
+            listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+            reply = httpx2.post(gateway.url, json=listing, headers=headers, timeout=10)
+            return {t["name"] for t in _answer(reply)["result"]["tools"]}
+
+        assert "fx__echo" not in listed(second)
+        search = {"name": "manifold__search_tools", "arguments": {"query": "echo the text back", "limit": 1}}
+        found = httpx2.post(
+            first.url, json={"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": search}, headers=headers
+        )
+        assert [t["name"] for t in _answer(found)["result"]["structuredContent"]["tools"]] == ["fx__echo"]
+        assert "fx__echo" in listed(second), "the other replica lists what the search revealed"
+        assert "fx__echo" in listed(first)
+
+
+def _answer(reply: Any) -> dict[str, Any]:
+    """The JSON-RPC answer of a POST, whether it came as JSON or as one server-sent event."""
+    if reply.headers.get("content-type", "").startswith("text/event-stream"):
+        data = [line[5:].strip() for line in reply.text.splitlines() if line.startswith("data:")]
+        return dict(json.loads(next(d for d in data if d)))
+    return dict(reply.json())
+
+
+@pytest.mark.filterwarnings("ignore::mcp.MCPDeprecationWarning")  # resources/subscribe is handshake-era only
+async def test_a_subscription_made_on_one_replica_is_served_on_the_stream_another_holds(cluster: Cluster) -> None:
+    """The subscribe request, the session's GET stream and the call that changes the resource each reach a
+    replica round robin: the replica holding the stream learns of the subscription from the store, follows the
+    resource upstream and tells the client. (Another replica that served the session through its SDK may tell it
+    too: a notice can arrive twice, never not at all.)"""
+    watched = "test://watched-resource"
+    seen: list[str] = []
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, types.ResourceUpdatedNotification):
+            seen.append(str(message.params.uri))
+
+    for _ in range(3):  # three sessions: the requests fall on the replicas in different orders
+        seen.clear()
+
+        async with Client(cluster.url, mode="legacy", cache=None, message_handler=on_message) as client:
+            await client.session.subscribe_resource(watched)
+            await anyio.sleep(0.3)  # the subscription is followed upstream by the stream's replica
+            await client.call_tool("test_update_watched_resource", {})
+            with anyio.fail_after(10):
+                while not seen:
+                    await anyio.sleep(0.02)
+        assert set(seen) == {watched}
 
 
 def test_a_held_call_is_resumed_on_any_replica_and_ends_clearly_when_its_replica_dies(
