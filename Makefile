@@ -73,7 +73,9 @@ SDK_PATH_WORKERS ?= 1
 # `slow` tests (soaks, the fixtures' own conformance runs) are left out of `make test`; `make test-all` runs them.
 PYTEST_MARKS ?= -m "not slow"
 
-test: setup system-deps tests/thirdparty/node_modules/.installed tests/thirdparty/reference-server/node_modules/.installed corpus lint  ## set up and run every check and test but the slow ones
+test: setup  ## set up and run every check and test but the slow ones
+	@$(MAKE) --no-print-directory -j4 system-deps tests/thirdparty/node_modules/.installed \
+	  tests/thirdparty/reference-server/node_modules/.installed corpus lint  # the installs and the lint side by side
 	@sdk_log=$$(mktemp); \
 	MANIFOLD_FAST_PATH=false $(BIN)/pytest -q -n $(SDK_PATH_WORKERS) --dist loadfile $(PYTEST_MARKS) $(SDK_PATH_TESTS) \
 	  >$$sdk_log 2>&1 & sdk=$$!; \
@@ -89,9 +91,10 @@ test: setup system-deps tests/thirdparty/node_modules/.installed tests/thirdpart
 test-all:  ## make test with the slow tests too
 	$(MAKE) --no-print-directory test PYTEST_MARKS=
 
-bench: setup  ## run the benchmark (about 16 min on 2 cores); results in bench/results/latest.md, latest.json and tracing.json
+bench: setup  ## run the benchmark (about 16 min on 2 cores); results in bench/results/latest.md, latest.json, tracing.json and replicas.json
 	$(BIN)/python -m bench $(BENCH_ARGS)
 	$(BIN)/python -m bench.tracing
+	$(BIN)/python -m bench.replicas
 
 clean:
 	rm -rf $(VENV) tests/thirdparty/node_modules tests/thirdparty/reference-server/node_modules tests/corpus/node_modules tests/corpus/.venvs .pytest_cache .mypy_cache .ruff_cache

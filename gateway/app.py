@@ -24,7 +24,7 @@ from gateway.core.registry import Registry
 from gateway.downstream.dialin import WorkerDoor
 from gateway.downstream.gate import AuthGate, Limits, transport_security
 from gateway.downstream.oauth import ResourceServer
-from gateway.downstream.replicas import shared_sessions
+from gateway.downstream.replicas import conversational, shared_sessions
 from gateway.downstream.server import Frontend
 from gateway.downstream.shortcut import Shortcut
 from gateway.observe import tracing
@@ -108,6 +108,7 @@ def build_app(settings: Settings, config: FileConfig, environ: Mapping[str, str]
         resource_server,
         shared,
         shortcut=settings.fast_path,
+        conversational=conversational(registry) if shared is not None else None,
     )
 
     async def reload() -> list[str]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import base64
 import gc
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import accumulate
@@ -24,8 +24,9 @@ from mcp.server.transport_security import TransportSecuritySettings
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.config.access import EndpointSpec, TokenSpec
+from gateway.core.conversations import conversation_key
 from gateway.downstream.oauth import Refusal, ResourceServer
-from gateway.downstream.replicas import SharedSessions
+from gateway.downstream.replicas import LOST, UNREACHED, SharedSessions
 from gateway.downstream.sessions import Sessions, asks_capabilities
 from gateway.observe.logs import get_logger
 from gateway.policy.access import OPEN_VIEW, TokenTable, View, views_for
@@ -188,6 +189,7 @@ class AuthGate:
     oauth: ResourceServer | None = None
     shared: SharedSessions | None = None  # 2025-era sessions kept in a store every replica reads
     shortcut: bool = True  # the shortcut serves dormant sessions (and wakes them); without it, they wake here
+    conversational: Callable[[Any, View], bool] | None = None  # reaches a conversation's own instances (replicas)
 
     def __post_init__(self) -> None:
         tokens = list(self.tokens)
@@ -334,10 +336,21 @@ class AuthGate:
                 await send({"type": "http.response.start", "status": 202, "headers": [(b"content-length", b"0")]})
                 await send({"type": "http.response.body", "body": b""})
                 return  # another replica asked the question this answers: passed there
-            if self.shared is not None and (holder := self.shared.holder_of(message)) is not None:
+            if self.shared is not None:
                 handed = {"view": base.name, "subject": subject, "endpoint": endpoint}
-                await self._hand_over(holder, handed, scope, body, message, send)
-                return
+                if (holder := self.shared.holder_of(message)) is not None:
+                    await self._hand_over(holder, handed, scope, body, message, send)
+                    return
+                if self.conversational is not None and self.conversational(message, view):
+                    params = message.get("params") or {}
+                    meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else None
+                    conversation = conversation_key(session, owner, meta)
+                    holder = await self.shared.conversation_owner(conversation)
+                    if holder != self.shared.replica:
+                        if await self._hand_over(holder, handed, scope, body, message, send, unreached_ok=True):
+                            return
+                        # its owner was gone before it took this request: the conversation is this replica's now
+                        await self.shared.conversation_owner(conversation, replacing=holder)
             receive = _replay(body, receive)
             scope.setdefault("state", {})[MESSAGE_KEY] = message
         state = scope.setdefault("state", {})
@@ -396,22 +409,34 @@ class AuthGate:
         await self.app(scope, _replay(body, _closed), nowhere)
 
     async def _hand_over(
-        self, holder: str, caller: dict[str, Any], scope: Scope, body: bytes, message: Any, send: Send
-    ) -> None:
-        """Have the replica `holder` serve a request about a call or task it holds, and pass its answer on. The
-        caller's credentials stay here: the holder is told who the caller is."""
+        self,
+        holder: str,
+        caller: dict[str, Any],
+        scope: Scope,
+        body: bytes,
+        message: Any,
+        send: Send,
+        *,
+        unreached_ok: bool = False,
+    ) -> bool:
+        """Have the replica `holder` serve a request about what it holds (a held call, a task, a conversation's
+        instances), and pass its answer on; False (nothing sent) when `unreached_ok` and the holder was not there
+        to take it. The caller's credentials stay here: the holder is told who the caller is."""
         assert self.shared is not None
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"] if k not in UNSHARED]
         request = {**caller, "headers": headers, "body": base64.b64encode(body).decode()}
         answer = await self.shared.hand_over(holder, request)
-        if answer is None:
+        if answer is UNREACHED and unreached_ok:
+            return False
+        if answer is UNREACHED or answer is LOST:
             version = dict(scope["headers"]).get(b"mcp-protocol-version", b"").decode("latin-1")
             await _answer_json(send, _holder_gone(message, version))
-            return
+            return True
         raw = base64.b64decode(answer["body"])
         start = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in answer["headers"]]
         await send({"type": "http.response.start", "status": answer["status"], "headers": start})
         await send({"type": "http.response.body", "body": raw})
+        return True
 
     async def serve_handed(self, request: dict[str, Any]) -> dict[str, Any]:
         """Serve a request another replica handed over (it names a call or task held here) as if it had come here,

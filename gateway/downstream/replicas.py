@@ -22,6 +22,7 @@ gone, the request is answered with an error that says the call may have run.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import secrets
 from collections import Counter
@@ -31,9 +32,11 @@ from typing import Any, Literal, Protocol, cast
 
 import anyio
 
+from gateway.core.registry import Registry
 from gateway.core.tasks import Tasks
 from gateway.downstream.sessions import Sessions, asks_capabilities
 from gateway.observe.logs import get_logger
+from gateway.policy.access import View
 from gateway.relay.held import HeldCalls
 from gateway.store import Store, StoreError
 
@@ -42,6 +45,9 @@ Found = Literal["known", "taken", "foreign", "unknown"]
 Json = dict[str, Any]
 TASK_METHODS = frozenset({"tasks/get", "tasks/result", "tasks/update", "tasks/cancel"})
 HOLDER_CHECK = 1.0  # seconds between checks that the replica running a handed-over request is still there
+OWNED_FOR = 3600.0  # seconds a conversation stays its replica's after its last request there
+UNREACHED: Json = {"unreached": True}  # `hand_over`: the holder was not there to take the request (never sent)
+LOST: Json = {"lost": True}  # `hand_over`: the holder took the request and went away before answering
 
 
 class SessionStore(Protocol):
@@ -56,6 +62,7 @@ class SessionStore(Protocol):
     async def listening(self, replica: str) -> bool: ...
     def inbox(self, replica: str) -> Any: ...
     def changes(self) -> Any: ...
+    async def claim(self, name: str, replica: str, ttl: float, replacing: str = "") -> str: ...
 
 
 Inject = Callable[[str, str, bytes], Awaitable[None]]  # hands (session, version, body) to this replica's SDK
@@ -182,25 +189,36 @@ class SharedSessions:
             origin = Tasks.origin_of(task)
         return origin if origin is not None and origin != self.replica else None
 
-    async def hand_over(self, holder: str, request: Json) -> Json | None:
+    async def conversation_owner(self, conversation: str, replacing: str = "") -> str:
+        """The replica whose instances serve `conversation` (`isolation: conversation`): the first to serve one of
+        its requests to such a server, or this one when that one is `replacing` (gone) or the store is not there."""
+        name = hashlib.sha256(conversation.encode()).hexdigest()[:32]
+        try:
+            return await self._store.claim(name, self.replica, OWNED_FOR, replacing)
+        except StoreError as e:
+            log.warning("conversation owner unknown; served here", reason=str(e))
+            return self.replica
+
+    async def hand_over(self, holder: str, request: Json) -> Json:
         """Run `request` (an HTTP request, see `AuthGate.serve_handed`) on the replica `holder` and return its HTTP
-        answer; None when that replica is gone (stopped, killed, or cut off from the store) before it answered."""
+        answer; `UNREACHED` when that replica was not there to take it, `LOST` when it went away (stopped, killed,
+        or cut off from the store) after taking it and before answering."""
         ticket = secrets.token_hex(8)
         arrived, box = anyio.Event(), cast(list[Json], [])
         self._replies[ticket] = (arrived, box)
         try:
             envelope = {**request, "kind": "request", "from": self.replica, "ticket": ticket}
             if await self._store.send_to(holder, json.dumps(envelope).encode()) == 0:
-                return None
+                return UNREACHED
             while not arrived.is_set():
                 with anyio.move_on_after(HOLDER_CHECK):
                     await arrived.wait()
                 if not arrived.is_set() and not await self._store.listening(holder):
-                    return None
+                    return LOST
             return box[0]
         except StoreError as e:
             log.warning("a request could not be handed to the replica holding its call", reason=str(e))
-            return None
+            return LOST
         finally:
             self._replies.pop(ticket, None)
 
@@ -265,6 +283,28 @@ class SharedSessions:
             if owner is not None:
                 await self.resolve(session_id, owner)  # reads the record: a deleted one is forgotten here, a
                 # changed one's state taken
+
+
+def conversational(registry: Registry) -> Callable[[Any, View], bool]:
+    """Whether a request reaches a server with `isolation: conversation` (a call of one of its tools, a read of one
+    of its resources): such a request is served by the replica that owns its conversation."""
+
+    def isolated(server: str | None) -> bool:
+        upstream = registry.upstreams.get(server) if server is not None else None
+        return upstream is not None and upstream.spec.isolation == "conversation"
+
+    def reaches(message: Any, view: View) -> bool:
+        params = message.get("params") if isinstance(message, dict) else None
+        if not isinstance(params, dict):
+            return False
+        if message.get("method") == "tools/call" and isinstance(name := params.get("name"), str):
+            entry = registry.catalog.resolve(name)
+            return entry is not None and isolated(entry.server)
+        if message.get("method") == "resources/read" and isinstance(uri := params.get("uri"), str):
+            return isolated(registry.catalog.route_uri(uri, view.sees))
+        return False
+
+    return reaches
 
 
 def shared_sessions(store: Store, sessions: Sessions, idle_timeout: float, replica: str) -> SharedSessions | None:

@@ -20,6 +20,14 @@ LOCKS = "manifold:lock:"
 SESSIONS = "manifold:session:"  # one key per 2025-era session, expiring when idle (see `put_session`)
 ASKING = "manifold:asking:"  # per session: the replicas with a question out to its client, and how many
 INBOX = "manifold:replica:"  # per replica: what other replicas pass it (answers, handed-over requests, replies)
+OWNERS = "manifold:owner:"  # per conversation: the replica whose instances serve it
+# The owner of a name: this replica when there is none (or the one it replaces is gone), kept alive by its owner.
+CLAIM = """local owner = redis.call('get', KEYS[1])
+if not owner or owner == ARGV[1] or owner == ARGV[2] then
+  redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[3])
+  return ARGV[1]
+end
+return owner"""
 # Delete the lock only while it is still this holder's: it may have expired and been taken by another.
 UNLOCK = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end"
 
@@ -194,6 +202,15 @@ class RedisStore:
                             yield message["data"]
             except (RedisError, OSError):
                 await anyio.sleep(1)
+
+    async def claim(self, name: str, replica: str, ttl: float, replacing: str = "") -> str:
+        """The replica that owns `name`: `replica` when none does, or the owner is `replacing` (gone), or it is
+        `replica` already (its claim then lasts `ttl` more seconds)."""
+        try:
+            owner = await self._client.eval(CLAIM, 1, OWNERS + name, replica, replacing, max(1, int(ttl * 1000)))
+        except (RedisError, OSError) as e:
+            raise self._error(e) from None
+        return owner.decode(errors="replace") if isinstance(owner, bytes) else str(owner)
 
     async def lock(self, name: str, token: str, ttl: float) -> bool:
         try:

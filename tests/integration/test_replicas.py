@@ -426,6 +426,45 @@ def test_a_held_call_is_resumed_on_any_replica_and_ends_clearly_when_its_replica
             other.close()
 
 
+def test_a_conversations_instances_live_on_one_replica_and_move_when_it_dies(
+    tmp_path: Path, redis: RedisServer
+) -> None:
+    """`isolation: conversation`: the conversation's requests to such a server are served by the replica that
+    first served one (the others hand them over), so the conversation has one instance, not one per replica;
+    once that replica is gone, the next one that serves the conversation starts its instance afresh."""
+    from bench.mcphttp import (
+        CLIENT_INFO,
+        META_CAPABILITIES,
+        META_CLIENT_INFO,
+        META_VERSION,
+        MODERN,
+        Connection,
+        Endpoint,
+        Session,
+        open_session,
+    )
+
+    meta = {META_VERSION: MODERN, META_CLIENT_INFO: CLIENT_INFO, META_CAPABILITIES: {}, "manifold/conversation": "c1"}
+    session = Session(MODERN, {"MCP-Protocol-Version": MODERN}, meta)
+    iso = {**stdio_spec(), "isolation": "conversation"}
+    with replicas(tmp_path, redis, count=2, servers={"iso": iso}) as (gateways, _):
+        first, second = (Connection(Endpoint.parse(gw.url)) for gw in gateways)
+
+        def count(conn: Connection, caller: Session = session) -> str:
+            result = conn.request(caller, "tools/call", {"name": "iso__count", "arguments": {}})
+            assert result.get("isError") is not True, result
+            return str(result["content"][0]["text"])
+
+        assert [count(first), count(second), count(first), count(second)] == ["1", "2", "3", "4"]
+        legacy = open_session(second, LEGACY)  # a 2025-era session is a conversation of its own
+        assert [count(c, legacy) for c in (second, first, second, first)] == ["1", "2", "3", "4"]
+        os.killpg(gateways[0].proc.pid, signal.SIGKILL)
+        gateways[0].proc.wait(5)
+        assert [count(second), count(second)] == ["1", "2"], "a new instance on the replica that took it over"
+        first.close()
+        second.close()
+
+
 @pytest.mark.skipif(not suite_available(), reason="conformance suite / Node 22 not installed")
 def test_the_conformance_suite_passes_through_three_replicas(tmp_path: Path, cluster: Cluster) -> None:
     """All three requirement sets through HAProxy and three replicas, as through one gateway: every scenario
