@@ -68,7 +68,9 @@ async def test_kill_mid_call_fails_that_call_only_and_the_server_comes_back(tmp_
 
 
 async def test_read_only_call_is_retried_after_a_drop_and_others_are_not(tmp_path: Path) -> None:
-    config = {"servers": {"fx": stdio_spec()}}
+    # A retry waits for the restarted server up to `max_delay` and `startup_timeout` (5 s and 10 s by default),
+    # which a loaded 2-core machine has taken more than twice over to start a Python server.
+    config = {"servers": {"fx": {**stdio_spec(), "startup_timeout": 30, "retry": {"max_delay": 30}}}}
     with run_gateway(tmp_path, config) as gw:
         async with connect(gw.url, "2026-07-28") as client:
             await client.wait_for(lambda n: "fx__slow_read" in n)
