@@ -27,7 +27,7 @@ from gateway.downstream.handshake import ManifoldServer, handshake, narrowed
 from gateway.downstream.inflight import InFlight
 from gateway.downstream.listing import LISTING_CACHE, Listings
 from gateway.downstream.notices import Notices
-from gateway.downstream.requests import conversation_of, legacy_session, request_owner, request_view
+from gateway.downstream.requests import conversation_of, legacy_session, request_owner, request_view, session_of
 from gateway.downstream.sessions import Sessions
 from gateway.downstream.tasks import TaskHandlers
 from gateway.downstream.tools import ToolHandlers
@@ -210,11 +210,13 @@ class Frontend:
         if ctx.request is None or REPLAYED not in ctx.request.headers:  # a woken session's handshake counted once
             self.registry.metrics.count_request(ctx.method)
         if ctx.method in ("initialize", "server/discover"):
+            if ctx.request is not None and REPLAYED in ctx.request.headers and (session_id := session_of(ctx)):
+                await self._served(session_id, ctx)  # a session taken up here: its GET stream may be opened here next
             return narrowed(self.registry, await call_next(ctx), request_view(ctx))
         if not Era.of(ctx.protocol_version).modern and ctx.request is not None:
             session_id = legacy_session(ctx)
             if session_id:
-                self.sessions.served(session_id, request_view(ctx).name, ctx.session)
+                await self._served(session_id, ctx)
                 if ctx.method == "tools/call" and asks_through(declared_capabilities(ctx)):
                     self.sessions.talking(session_id)
             params = ctx.params if isinstance(ctx.params, dict) else {}
@@ -230,6 +232,11 @@ class Frontend:
                 )
                 return answer
         return await call_next(ctx)
+
+    async def _served(self, session_id: str, ctx: ServerRequestContext[Any, Any]) -> None:
+        """Note the SDK session a 2025-era session is served on here; follow its subscriptions once it has one."""
+        if self.sessions.served(session_id, request_view(ctx).name, ctx.session):
+            await self.notices.follow()
 
     def handshake(self, params: Any, view: View) -> tuple[dict[str, Any], str] | None:
         """The result of a 2025-era `initialize` with `params`, as the SDK's server gives it (`handshake.handshake`)."""

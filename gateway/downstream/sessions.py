@@ -155,11 +155,14 @@ class Sessions:
         timeout = self._manager.session_idle_timeout if self._manager is not None else None
         return timeout is not None and time.monotonic() - dormant.touched > timeout
 
-    def served(self, session_id: str, view: str, pusher: Any) -> None:
-        """Record the SDK session a request of `session_id` was served on (change notices go through it)."""
+    def served(self, session_id: str, view: str, pusher: Any) -> bool:
+        """Record the SDK session a request of `session_id` was served on (change notices go through it); whether
+        that made its resource subscriptions ones to follow here (it has some, and had no SDK session here)."""
         session = self._by_id.setdefault(session_id, Session(view))
-        if session.pusher is None:
-            session.pusher = pusher
+        if session.pusher is not None:
+            return False
+        session.pusher = pusher
+        return bool(session.subscribed)
 
     def talking(self, session_id: str) -> None:
         """Record that the session's client can be asked things or wants log lines (it needs the SDK path)."""

@@ -165,7 +165,8 @@ async def adopt_session(
     headers += [(b"content-type", b"application/json"), (b"accept", b"application/json, text/event-stream")]
     headers.append((REPLAYED.encode(), b"1"))
     scope = {**template, "method": "POST", "headers": headers, "query_string": b""}
-    await manager._serve_opening_request(transport, scope, _body(opening), _drop)
+    named = {**scope, "headers": [*headers, (b"mcp-session-id", session_id.encode())]}  # whose handshake it is
+    await manager._serve_opening_request(transport, named, _body(opening), _drop)
     if manager._server_instances.get(session_id) is not transport:
         return False
     initialized = b'{"jsonrpc":"2.0","method":"notifications/initialized"}'

@@ -23,9 +23,10 @@ import pytest
 from mcp import Client, types
 
 from tests.conformance import requirement_set, run_suite, running_fixture, suite_available
-from tests.fixtures.servers import free_port, stdio_spec
+from tests.fixtures.servers import free_port, run_http_fixture, stdio_spec
 from tests.integration.conftest import (
     REDIS,
+    ROOT,
     Gateway,
     RedisServer,
     connect,
@@ -39,28 +40,24 @@ pytestmark = [
     pytest.mark.anyio,
     pytest.mark.skipif(HAPROXY is None or REDIS is None, reason="haproxy and redis-server are needed"),
 ]
-LEGACY = "2025-11-25"
+LEGACY, MODERN = "2025-11-25", "2026-07-28"
 ACCEPT = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
 
 
 @contextmanager
 def haproxy(tmp_path: Path, ports: list[int]) -> Iterator[str]:
     """HAProxy on loopback in front of `ports`, round robin per request, no affinity; a replica that stops
-    answering is taken out by its health check and a request it refused is sent to another."""
+    answering is taken out by its health check and a request it refused is sent to another. The `defaults` are the
+    shipped ones (`deploy/replicas/haproxy.cfg`)."""
     port = free_port()
     servers = "\n".join(f"  server g{i} 127.0.0.1:{p} check inter 300ms fall 1 rise 2" for i, p in enumerate(ports, 1))
     config = tmp_path / "haproxy.cfg"
+    deployed = (ROOT / "deploy" / "replicas" / "haproxy.cfg").read_text()
+    defaults = deployed[deployed.index("defaults\n") : deployed.index("\nfrontend")].strip()  # what is shipped
     config.write_text(
         f"""global
   maxconn 512
-defaults
-  mode http
-  timeout connect 1s
-  timeout client 60s
-  timeout server 60s
-  retries 3
-  option redispatch 1
-  retry-on conn-failure
+{defaults}
 frontend mcp
   bind 127.0.0.1:{port}
   default_backend gateways
@@ -97,6 +94,17 @@ def redis(tmp_path: Path) -> Iterator[RedisServer]:
         server.stop()
 
 
+def replica_config(
+    redis: RedisServer, servers: dict[str, Any] | None = None, settings: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The config every replica runs: the shared store, `fx` and `servers`, and `settings`."""
+    return {
+        "store": f"redis://127.0.0.1:{redis.port}/0",
+        "servers": {"fx": stdio_spec(), **(servers or {})},
+        **(settings or {}),
+    }
+
+
 @contextmanager
 def replicas(
     tmp_path: Path,
@@ -107,11 +115,7 @@ def replicas(
 ) -> Iterator[tuple[list[Gateway], str]]:
     """`count` gateways sharing Redis (serving `fx` and `servers`, with `settings`), and the URL of HAProxy in front
     of them."""
-    config: dict[str, Any] = {
-        "store": f"redis://127.0.0.1:{redis.port}/0",
-        "servers": {"fx": stdio_spec(), **(servers or {})},
-        **(settings or {}),
-    }
+    config = replica_config(redis, servers, settings)
     with ExitStack() as stack:
         gateways = []
         for i in range(count):
@@ -463,6 +467,197 @@ def test_a_conversations_instances_live_on_one_replica_and_move_when_it_dies(
         assert [count(second), count(second)] == ["1", "2"], "a new instance on the replica that took it over"
         first.close()
         second.close()
+
+
+# What a client is told of a request that was cut off when its replica died: by the replica that held it, by
+# HAProxy's 502 (`http-error` above), or by the SDK's own transport when the answer's stream was cut mid-way.
+INTERRUPTED = ("the call may have run", "SSE stream ended without a response", "SSE stream failed")
+
+
+@dataclass
+class Outcome:
+    """One request of the chaos test, as its client saw it."""
+
+    client: str
+    started: float
+    ended: float
+    kind: str  # ok | interrupted | failed
+    detail: str = ""
+
+
+def _outcome(
+    client: str, started: float, result: Any = None, error: BaseException | None = None, want: str = ""
+) -> Outcome:
+    ended = time.monotonic()
+    if error is not None:
+        text = str(error)
+        kind = "interrupted" if any(s in text for s in INTERRUPTED) else "failed"
+        return Outcome(client, started, ended, kind, f"{type(error).__name__}: {text}")
+    text = " ".join(getattr(c, "text", "") for c in result.content)
+    if result.is_error:
+        return Outcome(client, started, ended, "interrupted" if INTERRUPTED[0] in text else "failed", text)
+    return Outcome(client, started, ended, "ok" if want in text else "failed", text)
+
+
+@pytest.mark.filterwarnings("ignore::mcp.MCPDeprecationWarning")  # resources/subscribe is handshake-era only
+async def test_mixed_clients_go_on_while_a_replica_is_killed_and_restarted(tmp_path: Path, redis: RedisServer) -> None:
+    """2025-era sessions, 2026-era callers, a held elicitation, tasks and a subscription run through HAProxy and
+    three replicas while one replica is SIGKILLed and later started again. Every client goes on; a request cut
+    off by the death is told it may have run; nothing else fails (a lost session would: its requests would be
+    refused as of an unknown session); nothing runs twice."""
+    from tests.integration.test_conformance_fixture import TasksClient
+
+    outcomes: list[Outcome] = []
+    notices: list[tuple[float, float | None]] = []  # (change made, notice heard) for the subscription
+    stop, streaming, begin = anyio.Event(), anyio.Event(), anyio.Event()
+    moments: dict[str, float] = {}
+
+    async def calls(name: str, era: str) -> None:
+        """Alternate a call that is not idempotent (counted upstream) and one slow enough to be cut off."""
+        async with connect(url, era) as client:
+            n = 0
+            while not stop.is_set():
+                n += 1
+                tool, args, want = ("shared__tick", {}, "") if n % 2 else ("shared__slow", {"seconds": 0.4}, "slept")
+                started = time.monotonic()
+                try:
+                    outcome = _outcome(name, started, await client.call(tool, args), want=want)
+                except Exception as error:
+                    outcome = _outcome(name, started, error=error)
+                outcomes.append(outcome)
+                if tool == "shared__tick":
+                    ticks.append(outcome)
+                await anyio.sleep(0.02)
+
+    async def held() -> None:
+        async def elicit(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+            await anyio.sleep(0.3)  # the question is out a while: the holder may die before it is answered
+            return types.ElicitResult(action="accept", content={"username": "ada", "email": "ada@example.com"})
+
+        async with connect(url, MODERN, elicitation_callback=elicit) as client:
+            while not stop.is_set():
+                started = time.monotonic()
+                try:
+                    result = await client.call("old__test_elicitation", {"message": "who are you?"})
+                    outcomes.append(_outcome("held", started, result, want="ada@example.com"))
+                except Exception as error:
+                    outcomes.append(_outcome("held", started, error=error))
+
+    async def tasks() -> None:
+        async with Client(url, cache=None, extensions=[TasksClient()]) as client:
+            while not stop.is_set():
+                started = time.monotonic()
+                try:
+                    result = await client.call_tool("slow_compute", {"seconds": 0.5, "label": "chaos"})
+                    outcomes.append(_outcome("task", started, result, want="(chaos)"))
+                except Exception as error:
+                    outcomes.append(_outcome("task", started, error=error))
+
+    async def subscription() -> None:
+        heard = anyio.Event()
+
+        async def on_message(message: Any) -> None:
+            if isinstance(message, types.ResourceUpdatedNotification):
+                heard.set()
+
+        async with Client(url, mode="legacy", cache=None, message_handler=on_message) as client:
+            await client.session.subscribe_resource("test://watched-resource")
+            await anyio.sleep(0.3)
+            streaming.set()
+            await begin.wait()
+            while not stop.is_set():
+                heard = anyio.Event()
+                changed = time.monotonic()
+                started = changed
+                try:
+                    outcomes.append(
+                        _outcome("subscriber", started, await client.call_tool("test_update_watched_resource", {}))
+                    )
+                except Exception as error:
+                    outcomes.append(_outcome("subscriber", started, error=error))
+                with anyio.move_on_after(5):
+                    await heard.wait()
+                notices.append((changed, time.monotonic() if heard.is_set() else None))
+                await anyio.sleep(0.2)
+
+    ticks: list[Outcome] = []
+    with ExitStack() as stack:
+        shared = stack.enter_context(run_http_fixture())
+        conformance = stack.enter_context(running_fixture())
+        servers = {
+            "shared": {"url": shared.url},  # one upstream process behind every replica: it counts every run
+            "conf": {"url": conformance, "prefix": "", "trusted": True},
+            "old": {"url": conformance, "protocol": LEGACY},  # 2025-era: a 2026 caller's question to it is held
+        }
+        gateways, url = stack.enter_context(replicas(tmp_path, redis, servers=servers))
+        async with anyio.create_task_group() as group:
+            group.start_soon(subscription)
+            await streaming.wait()
+            victim = await anyio.to_thread.run_sync(_streaming_to, gateways)  # the hardest case: its stream dies
+            begin.set()
+            for i in range(2):
+                group.start_soon(calls, f"legacy{i}", LEGACY)
+                group.start_soon(calls, f"modern{i}", MODERN)
+            group.start_soon(held)
+            group.start_soon(tasks)
+            await anyio.sleep(4)
+            os.killpg(victim.proc.pid, signal.SIGKILL)
+            moments["killed"] = time.monotonic()
+            await anyio.sleep(4)
+            port = int(victim.base.rsplit(":", 1)[1])
+            config = replica_config(redis, servers)
+            (tmp_path / "again").mkdir()
+            again = await anyio.to_thread.run_sync(
+                lambda: stack.enter_context(run_gateway(tmp_path / "again", config, port=port))
+            )
+            await anyio.to_thread.run_sync(_wait_up, again.base)
+            moments["restarted"] = time.monotonic()
+            await anyio.sleep(5)
+            stop.set()
+
+        failed = [o for o in outcomes if o.kind == "failed"]
+        assert not failed, "\n".join(f"{o.client}: {o.detail}" for o in failed)
+        killed, restarted = moments["killed"], moments["restarted"]
+        for o in outcomes:
+            if o.kind == "interrupted":
+                assert o.started < killed + 1 and o.ended > killed, (
+                    f"{o.client} was told 'may have run' outside the kill: {o}"
+                )
+        for client in sorted({o.client for o in outcomes}):
+            mine = [o for o in outcomes if o.client == client and o.kind == "ok"]
+            assert any(o.ended < killed for o in mine), f"{client}: nothing went through before the kill"
+            assert any(killed + 1 < o.started < restarted for o in mine), (
+                f"{client}: nothing went through on two replicas"
+            )
+            assert any(o.started > restarted for o in mine), f"{client}: nothing went through after the restart"
+        missed = [changed for changed, heard in notices if heard is None]
+        assert all(killed - 1 < changed < killed + 3 for changed in missed), "a change went unheard outside the kill"
+        assert sum(1 for _, heard in notices if heard is not None and heard > restarted) >= 2
+        assert served(again, "tools/call") > 0, "the restarted replica took its share"
+        ok = sum(1 for o in ticks if o.kind == "ok")
+        cut = sum(1 for o in ticks if o.kind == "interrupted")
+        async with connect(url, MODERN) as counter:
+            ran = int((await counter.call("shared__ticks", {})).content[0].text)
+        assert ok <= ran <= ok + cut, (
+            f"{ok} ticks answered, {cut} cut off, {ran} ran upstream: a call ran twice or was lost"
+        )
+
+
+def _streaming_to(gateways: list[Gateway]) -> Gateway:
+    """The one replica with a connection open while nothing but a GET stream is (HAProxy closes every other after
+    its answer), read from the kernel's table of TCP sockets."""
+    ports = {int(gw.base.rsplit(":", 1)[1]): gw for gw in gateways}
+    deadline = time.monotonic() + 10
+    while True:
+        established = set()
+        for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            if state == "01" and int(local.split(":")[1], 16) in ports:  # 01: ESTABLISHED
+                established.add(int(local.split(":")[1], 16))
+        if len(established) == 1:
+            return ports[established.pop()]
+        assert time.monotonic() < deadline, f"no one replica holds the stream: {sorted(established)}"
+        time.sleep(0.05)
 
 
 @pytest.mark.skipif(not suite_available(), reason="conformance suite / Node 22 not installed")

@@ -52,6 +52,10 @@ class _Memo(embedding.Embedding):
 
 
 MODELS = pytest.mark.parametrize("model", [None, MODEL, _Memo(MINILM)], ids=["lexical", "fused", "minilm"])
+# The opt-in transformer embeds a few thousand texts to be measured (over half a minute on 2 cores): `make test-all`.
+MEASURED = pytest.mark.parametrize(
+    "model", [None, MODEL, pytest.param(_Memo(MINILM), marks=pytest.mark.slow)], ids=["lexical", "fused", "minilm"]
+)
 
 
 def _tool(description: str = "", **extra) -> dict:
@@ -336,7 +340,7 @@ FLOORS = {
 }
 
 
-@MODELS
+@MEASURED
 @pytest.mark.parametrize("split", ["blind", "independent"])
 def test_quality_on_the_parts_never_tuned_on(model, split):
     evalset = load() if split == "blind" else load_independent()
