@@ -79,20 +79,28 @@ def _gateway(stack: ExitStack, workdir: Path, store: str | None) -> tuple[int, i
     return proc.pid, port
 
 
+def shipped_haproxy(port: int, servers: list[str]) -> str:
+    """The HAProxy config the project ships (`deploy/replicas/haproxy.cfg`), listening on loopback `port` in front
+    of `servers` (`server` lines) instead of the compose service's replicas."""
+    shipped = (REPO / "deploy" / "replicas" / "haproxy.cfg").read_text()
+    resolvers = shipped[shipped.index("resolvers ") : shipped.index("defaults\n")]
+    template = next(line for line in shipped.splitlines() if line.strip().startswith("server-template "))
+    assert "  bind :8080\n" in shipped
+    return (
+        shipped.replace(resolvers, "")
+        .replace("  bind :8080\n", f"  bind 127.0.0.1:{port}\n")
+        .replace(template, "\n".join(servers))
+    )
+
+
 def _haproxy(stack: ExitStack, workdir: Path, ports: list[int]) -> str:
-    """HAProxy in front of `ports` (round robin, no affinity); its URL."""
+    """HAProxy as shipped in front of `ports` (round robin, no affinity); its URL."""
     haproxy = shutil.which("haproxy")
     if haproxy is None:
         raise RuntimeError("haproxy is not installed: run `make system-deps` (the Debian package haproxy)")
     port = free_port()
-    servers = "\n".join(f"  server g{i} 127.0.0.1:{p}" for i, p in enumerate(ports))
     config = workdir / f"haproxy-{port}.cfg"
-    config.write_text(
-        "global\n  maxconn 1024\ndefaults\n  mode http\n  timeout connect 1s\n  timeout client 60s\n"
-        "  timeout server 60s\n  retry-on conn-failure\n"
-        f"frontend mcp\n  bind 127.0.0.1:{port}\n  default_backend gateways\n"
-        f"backend gateways\n  balance roundrobin\n  http-reuse always\n{servers}\n"
-    )
+    config.write_text(shipped_haproxy(port, [f"  server g{i} 127.0.0.1:{p}" for i, p in enumerate(ports)]))
     stack.enter_context(_process([haproxy, "-f", str(config)], port, "haproxy", workdir / f"haproxy-{port}.log"))
     return f"http://127.0.0.1:{port}/mcp"
 

@@ -86,6 +86,7 @@ class SharedSessions:
         sessions.share = self.share
         self.on_subscriptions: Callable[[], Awaitable[None]] | None = None  # a session's subscriptions changed here
         sessions.asking = self.asking
+        sessions.replicated = True
 
     async def opened(self, session_id: str, view: str, owner: str, opening: bytes, version: str) -> None:
         """Record a session this replica opened (a store that cannot be written leaves it this replica's)."""

@@ -23,7 +23,13 @@ from mcp.server.streamable_http import StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from starlette.types import Scope
 
-from gateway.internals.sdk import adopt_session, holding, serving_transport, session_transports
+from gateway.internals.sdk import (
+    adopt_session,
+    holding,
+    number_requests_apart,
+    serving_transport,
+    session_transports,
+)
 from gateway.relay.asks import asks_through
 
 
@@ -81,6 +87,7 @@ class Sessions:
         # tells the shared store of a change to a session's own state (`level`, `subscribed`, `revealed`; replicas)
         self.share: Callable[[str, dict[str, Any]], Awaitable[None]] | None = None
         self.asking: Callable[[str], AbstractAsyncContextManager[None]] | None = None  # a question out (replicas)
+        self.replicated = False  # other replicas may ask this one's clients things too
 
     def attach(self, manager: StreamableHTTPSessionManager) -> None:
         """Read liveness from this SDK session manager."""
@@ -162,6 +169,8 @@ class Sessions:
         if session.pusher is not None:
             return False
         session.pusher = pusher
+        if self.replicated:
+            number_requests_apart(pusher)  # its questions and another replica's never share an id
         return bool(session.subscribed)
 
     def talking(self, session_id: str) -> None:

@@ -17,6 +17,9 @@
 - A 2025-era session's transport (`StreamableHTTPSessionManager._server_instances`) and its in-flight
   counter (`_requests_in_flight`, `_idle_timeout`), so a request served beside the SDK holds the session
   open as the SDK's own requests do.
+- `number_requests_apart`: the numbering of the requests an SDK server session sends its client (the
+  dispatcher's `_next_id`, reached through `ServerSession._request_outbound._dispatcher`) started at a random
+  point, so two replicas asking one client at once do not number their questions alike.
 - `adopt_session`: a session the gateway opened itself handed to the SDK under its id, by registering a
   transport in `_server_instances` and serving the session's replayed opening request through
   `StreamableHTTPSessionManager._serve_opening_request` (which starts the session's server task).
@@ -24,7 +27,9 @@
 
 from __future__ import annotations
 
+import inspect
 import math
+import secrets
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from functools import cache
@@ -36,9 +41,11 @@ import mcp.types as types
 from mcp import ClientSession, MCPError
 from mcp.client._probe import negotiate_auto
 from mcp.client.session import _later_revision_fields
+from mcp.server.session import ServerSession
 from mcp.server.streamable_http import StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.shared.inbound import MCP_NAME_HEADER, encode_header_value
+from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher, _JSONRPCDispatchContext
 from starlette.types import Message, Receive, Scope
 
 from gateway.protocol.errors import AnswerLost, ChannelError, HttpStatus, SessionExpired
@@ -175,6 +182,15 @@ async def adopt_session(
     return not transport.is_terminated
 
 
+def number_requests_apart(session: Any) -> None:
+    """Start the ids of the requests `session` (an SDK `ServerSession`) sends its client at a random point below
+    2**48 (unless it sent some already): replicas that ask one client at once then never number two questions
+    alike, and each takes only the answers to its own (the SDK drops an answer to an id it did not send)."""
+    dispatcher = session._request_outbound._dispatcher
+    if dispatcher._next_id == 0:
+        dispatcher._next_id = secrets.randbelow(2**48)
+
+
 def _body(body: bytes) -> Receive:
     sent = False
 
@@ -244,7 +260,22 @@ SYMBOLS = {
     ),
     "mcp.server.streamable_http.StreamableHTTPServerTransport._idle_timeout": lambda: _transport_attr("_idle_timeout"),
     "mcp.server.streamable_http.StreamableHTTPServerTransport.idle_scope": lambda: _transport_attr("idle_scope"),
+    "mcp.server.session.ServerSession._request_outbound": lambda: _assigned(
+        ServerSession.__init__, "_request_outbound"
+    ),
+    "mcp.shared.jsonrpc_dispatcher._JSONRPCDispatchContext._dispatcher": lambda: (
+        _JSONRPCDispatchContext.__dataclass_fields__["_dispatcher"]
+    ),
+    "mcp.shared.jsonrpc_dispatcher.JSONRPCDispatcher._next_id": lambda: _assigned(
+        JSONRPCDispatcher.__init__, "_next_id"
+    ),
 }
+
+
+def _assigned(function: Any, name: str) -> None:
+    """Fail unless `function` (an `__init__`) assigns the attribute `name`."""
+    if f"self.{name} = " not in inspect.getsource(function):
+        raise AttributeError(name)
 
 
 def _session_attr(name: str) -> Any:

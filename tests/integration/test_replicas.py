@@ -22,11 +22,11 @@ import httpx2
 import pytest
 from mcp import Client, types
 
+from bench.replicas import shipped_haproxy
 from tests.conformance import requirement_set, run_suite, running_fixture, suite_available
 from tests.fixtures.servers import free_port, run_http_fixture, stdio_spec
 from tests.integration.conftest import (
     REDIS,
-    ROOT,
     Gateway,
     RedisServer,
     connect,
@@ -47,26 +47,12 @@ ACCEPT = {"accept": "application/json, text/event-stream", "content-type": "appl
 @contextmanager
 def haproxy(tmp_path: Path, ports: list[int]) -> Iterator[str]:
     """HAProxy on loopback in front of `ports`, round robin per request, no affinity; a replica that stops
-    answering is taken out by its health check and a request it refused is sent to another. The `defaults` are the
-    shipped ones (`deploy/replicas/haproxy.cfg`)."""
+    answering is taken out by its health check and a request it refused is sent to another. The config is the
+    shipped one (`deploy/replicas/haproxy.cfg`) with these replicas and a quicker health check."""
     port = free_port()
-    servers = "\n".join(f"  server g{i} 127.0.0.1:{p} check inter 300ms fall 1 rise 2" for i, p in enumerate(ports, 1))
+    servers = [f"  server g{i} 127.0.0.1:{p} check inter 300ms fall 1 rise 2" for i, p in enumerate(ports, 1)]
     config = tmp_path / "haproxy.cfg"
-    deployed = (ROOT / "deploy" / "replicas" / "haproxy.cfg").read_text()
-    defaults = deployed[deployed.index("defaults\n") : deployed.index("\nfrontend")].strip()  # what is shipped
-    config.write_text(
-        f"""global
-  maxconn 512
-{defaults}
-frontend mcp
-  bind 127.0.0.1:{port}
-  default_backend gateways
-backend gateways
-  balance roundrobin
-  option httpchk GET /healthz
-{servers}
-"""
-    )
+    config.write_text(shipped_haproxy(port, servers))
     proc = subprocess.Popen([HAPROXY or "haproxy", "-f", str(config), "-db"], stdout=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 10
@@ -309,6 +295,40 @@ async def test_a_servers_question_is_answered_whichever_replica_the_answer_reach
             assert not sampled.is_error and "forty-two" in sampled.content[0].text
     assert asked == ["elicitation", "sampling"] * 3, "each question asked once and answered once"
     assert sum(cluster.calls()) - before == 6
+
+
+async def test_two_replicas_asking_one_client_at_once_each_get_their_own_answer(cluster: Cluster) -> None:
+    """Two calls of one session on two replicas both ask the client something, and both questions are out at
+    once: each replica numbers its questions from a random point, so neither takes the other's answer."""
+    asked: list[str] = []
+    both = anyio.Event()
+
+    async def elicit(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        asked.append(params.message)
+        if len(asked) == 2:
+            both.set()
+        with anyio.fail_after(10):
+            await both.wait()  # answer only once the other question is out too
+        return types.ElicitResult(action="accept", content={"username": params.message, "email": "a@example.com"})
+
+    before = cluster.calls()
+    async with connect(cluster.url, LEGACY, elicitation_callback=elicit) as client:
+        results: dict[str, str] = {}
+
+        async def call(who: str) -> None:
+            result = await client.call("test_elicitation", {"message": who})
+            assert not result.is_error, result
+            results[who] = result.content[0].text
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(call, "first")
+            await anyio.sleep(0.05)
+            group.start_soon(call, "second")
+    assert sorted(asked) == ["first", "second"]
+    for who, text in results.items():
+        assert f'"username": "{who}"' in text, f"the {who} call got another's answer: {text}"
+    spread = [after - b for after, b in zip(cluster.calls(), before, strict=True)]
+    assert sorted(spread)[-1] == 1, f"the two calls were served by two replicas: {spread}"
 
 
 def test_the_tools_a_search_revealed_to_a_session_are_listed_on_every_replica(
