@@ -16,6 +16,7 @@ import gc
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from itertools import accumulate
 from typing import Any, cast
 
@@ -40,6 +41,8 @@ OWNER_KEY = "manifold_owner"
 SUBJECT_BUCKETS = 10_000  # rate buckets of OAuth subjects kept at most (the oldest go first)
 SESSION_HEADER = b"mcp-session-id"
 MESSAGE_KEY = "manifold_message"
+HANDED_KEY = "manifold_handed"  # a request another replica handed to this one
+TASKS_ELSEWHERE_KEY = "manifold_tasks_elsewhere"  # `tasks/list`: fetches the caller's tasks on the other replicas
 SCAN_LIMIT = 64 * 1024
 OFF_LOOP_BODY = 256 * 1024  # bodies this large are decoded in a worker thread, off the event loop
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "[::1]")
@@ -338,6 +341,10 @@ class AuthGate:
                 return  # another replica asked the question this answers: passed there
             if self.shared is not None:
                 handed = {"view": base.name, "subject": subject, "endpoint": endpoint}
+                if isinstance(message, dict) and message.get("method") == "tasks/list":
+                    state = scope.setdefault("state", {})
+                    if not state.get(HANDED_KEY):  # this replica's list is asked for whole, the others' added
+                        state[TASKS_ELSEWHERE_KEY] = partial(self._tasks_elsewhere, handed, scope["headers"], message)
                 if (holder := self.shared.holder_of(message)) is not None:
                     await self._hand_over(holder, handed, scope, body, message, send)
                     return
@@ -456,8 +463,21 @@ class AuthGate:
         if base is None:
             return {"status": 404, "headers": [], "body": ""}  # a view this replica's config does not have
         body = base64.b64decode(request["body"])
+        scope["state"] = {HANDED_KEY: True}
         await self._serve(scope, _replay(body, _waiting), keep, base, request["subject"], request["endpoint"])
         return {"status": status, "headers": headers, "body": base64.b64encode(b"".join(chunks)).decode()}
+
+    async def _tasks_elsewhere(
+        self, caller: dict[str, Any], headers: list[tuple[bytes, bytes]], message: dict[str, Any]
+    ) -> list[dict[str, Any]]:
+        """The caller's tasks held by the other replicas: its `tasks/list` (without a cursor) handed to each."""
+        assert self.shared is not None
+        params = message.get("params")
+        kept = {k: v for k, v in params.items() if k != "cursor"} if isinstance(params, dict) else {}
+        whole = {**message, "params": kept}
+        shared = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers if k not in UNSHARED]
+        request = {**caller, "headers": shared, "body": base64.b64encode(encode(whole)).decode()}
+        return [task for answer in await self.shared.hand_to_peers(request) for task in _listed_tasks(answer)]
 
     async def _share(self, session: str, view: str, owner: str, opening: dict[str, Any]) -> None:
         """Keep a session just opened with the `initialize` request `opening` where every replica finds it."""
@@ -504,6 +524,21 @@ async def _waiting() -> Message:
     """A client that stays until the answer is whole (a handed-over request's: its own client waits elsewhere)."""
     await anyio.sleep_forever()
     raise AssertionError("unreachable")
+
+
+def _listed_tasks(answer: dict[str, Any]) -> list[dict[str, Any]]:
+    """The tasks in another replica's HTTP answer to `tasks/list` (JSON, or one server-sent event)."""
+    try:
+        raw = base64.b64decode(answer["body"])
+        if raw.lstrip().startswith(b"{"):
+            reply = decode(raw)
+        else:
+            data = [line[5:].strip() for line in raw.splitlines() if line.startswith(b"data:")]
+            reply = decode(next(d for d in data if d))
+        tasks = reply["result"]["tasks"]
+    except (KeyError, TypeError, ValueError, StopIteration):
+        return []
+    return [t for t in tasks if isinstance(t, dict)] if isinstance(tasks, list) else []
 
 
 def _holder_gone(message: Any, version: str) -> dict[str, Any]:

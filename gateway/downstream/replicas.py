@@ -60,6 +60,7 @@ class SessionStore(Protocol):
     async def askers(self, session: str) -> list[str]: ...
     async def send_to(self, replica: str, payload: bytes) -> int: ...
     async def listening(self, replica: str) -> bool: ...
+    async def replicas(self) -> list[str]: ...
     def inbox(self, replica: str) -> Any: ...
     def changes(self) -> Any: ...
     async def claim(self, name: str, replica: str, ttl: float, replacing: str = "") -> str: ...
@@ -222,6 +223,26 @@ class SharedSessions:
             return LOST
         finally:
             self._replies.pop(ticket, None)
+
+    async def hand_to_peers(self, request: Json) -> list[Json]:
+        """Run `request` on every other live replica at once (see `hand_over`); the HTTP answers of those that
+        answered (one that was gone, or went away, is left out)."""
+        try:
+            peers = [r for r in await self._store.replicas() if r != self.replica]
+        except StoreError as e:
+            log.warning("the other replicas could not be listed", reason=str(e))
+            return []
+        answers: list[Json] = []
+
+        async def ask(peer: str) -> None:
+            answer = await self.hand_over(peer, request)
+            if answer is not UNREACHED and answer is not LOST:
+                answers.append(answer)
+
+        async with anyio.create_task_group() as tg:
+            for peer in peers:
+                tg.start_soon(ask, peer)
+        return answers
 
     async def deliver(self, inject: Inject, serve: Serve) -> None:
         """Take what other replicas pass here (forever: run it in a task): a client's answer to a question asked

@@ -11,6 +11,7 @@ from mcp.server import ServerRequestContext
 
 from gateway.core.registry import Registry
 from gateway.core.tasks import Tasks
+from gateway.downstream.gate import HANDED_KEY, TASKS_ELSEWHERE_KEY
 from gateway.downstream.handshake import TASKS_EXTENSION
 from gateway.downstream.inflight import InFlight
 from gateway.downstream.requests import call_context, caller_of, page, task_owner
@@ -56,7 +57,13 @@ class TaskHandlers:
         if not Era.of(ctx.protocol_version).has("tasks/list"):
             raise MCPError(types.METHOD_NOT_FOUND, "Method not found", "tasks/list")
         listing = await self.tasks.listing(self.registry, task_owner(ctx), call_context(ctx, None))
-        return page(listing["tasks"], params.cursor, "tasks", ctx.protocol_version)
+        tasks: list[Any] = listing["tasks"]
+        state = ctx.request.state if ctx.request is not None else None
+        if getattr(state, HANDED_KEY, False):  # for the replica that asked: this one's tasks, whole
+            return Era.of(ctx.protocol_version).with_result_type({"tasks": tasks})
+        if (elsewhere := getattr(state, TASKS_ELSEWHERE_KEY, None)) is not None:
+            tasks = sorted([*tasks, *await elsewhere()], key=lambda t: (str(t.get("createdAt")), str(t["taskId"])))
+        return page(tasks, params.cursor, "tasks", ctx.protocol_version)
 
     async def _task(self, ctx: Ctx, method: str) -> Any:
         params = ctx.params if isinstance(ctx.params, dict) else {}

@@ -182,6 +182,14 @@ class RedisStore:
         except (RedisError, OSError) as e:
             raise self._error(e) from None
 
+    async def replicas(self) -> list[str]:
+        """The replicas listening to their inboxes now (alive and reaching Redis)."""
+        try:
+            channels = await self._client.pubsub_channels(INBOX + "*")
+        except (RedisError, OSError) as e:
+            raise self._error(e) from None
+        return [(c.decode() if isinstance(c, bytes) else str(c)).removeprefix(INBOX) for c in channels]
+
     async def listening(self, replica: str) -> bool:
         """Whether a replica is listening to its inbox (it is alive and reaches Redis)."""
         try:

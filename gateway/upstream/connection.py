@@ -384,6 +384,7 @@ class Upstream(ServerState):
     async def _listen(self, session: ClientSession) -> None:
         caps = self.offers.capabilities
         resources = caps.get("resources") or {}
+        first = True
         while True:
             with anyio.CancelScope() as self._listen_scope:
                 try:
@@ -394,6 +395,9 @@ class Upstream(ServerState):
                         resources_list_changed="resources" in caps,
                         resource_subscriptions=sorted(self.subscriptions) if resources.get("subscribe") else (),
                     ) as subscription:
+                        if first:  # a change made between the first listing and this acknowledgment was told nobody
+                            first = False
+                            self._refresh_wanted.set()
                         async for event in subscription:
                             if isinstance(event, ResourceUpdated):
                                 await self._updated(event.uri)

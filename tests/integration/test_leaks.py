@@ -24,7 +24,6 @@ TOKEN = "leak-test-admin-token-7c1d"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 ACCEPT = "application/json, text/event-stream"
 MODERN = "2026-07-28"
-RECONNECTS = 500
 IN_FLIGHT_EVERY = 10  # every tenth connection is closed with calls in flight on its pooled sockets
 IN_FLIGHT_CALLS = 3
 FD_SLACK = 12
@@ -103,7 +102,9 @@ async def _remove(http: httpx2.AsyncClient, gw: Gateway, name: str) -> None:
     assert removed.status_code == 200, removed.text
 
 
-async def test_no_descriptors_leak_over_500_reconnects_with_calls_in_flight(tmp_path: Path) -> None:
+# 150 reconnects catch a leak of one descriptor in ten; the 500-reconnect soak (`make test-all`) one in forty.
+@pytest.mark.parametrize("reconnects", [150, pytest.param(500, marks=pytest.mark.slow)])
+async def test_no_descriptors_leak_over_many_reconnects_with_calls_in_flight(tmp_path: Path, reconnects: int) -> None:
     config = {
         "admin_token": "${MANIFOLD_LEAK_ADMIN}",
         "runtime": {"egress": {"allow": ["127.0.0.0/8"]}},
@@ -137,15 +138,15 @@ async def test_no_descriptors_leak_over_500_reconnects_with_calls_in_flight(tmp_
                     await cycle(i, tg)
             before = open_fds(pid)
             threads_before = proc_status(pid, "Threads")
-            async with anyio.create_task_group() as tg:  # about 25 s on 2 cores
-                for i in range(RECONNECTS):
+            async with anyio.create_task_group() as tg:  # about 25 s on 2 cores for 500
+                for i in range(reconnects):
                     await cycle(i, tg)
             await anyio.sleep(0.5)  # let closed sockets and exited tasks be reaped
             after = open_fds(pid)
 
-            assert len(outcomes) == (20 + RECONNECTS) // IN_FLIGHT_EVERY * IN_FLIGHT_CALLS
+            assert len(outcomes) == (20 + reconnects) // IN_FLIGHT_EVERY * IN_FLIGHT_CALLS
             assert after <= before + FD_SLACK, (
-                f"{after - before} more open descriptors after {RECONNECTS} reconnects ({before} -> {after}): "
+                f"{after - before} more open descriptors after {reconnects} reconnects ({before} -> {after}): "
                 f"{fd_kinds(pid)}"
             )
             assert proc_status(pid, "Threads") <= threads_before + 4

@@ -331,6 +331,41 @@ async def test_two_replicas_asking_one_client_at_once_each_get_their_own_answer(
     assert sorted(spread)[-1] == 1, f"the two calls were served by two replicas: {spread}"
 
 
+def test_tasks_list_lists_the_callers_tasks_on_every_replica(tmp_path: Path, redis: RedisServer) -> None:
+    """A 2025-era session's tasks, begun on two replicas, are all listed by `tasks/list` on either (each replica
+    adds the others' to its own), and another session's listing stays empty."""
+    from tests.integration.test_everything import everything_spec
+
+    with replicas(tmp_path, redis, count=2, servers={"everything": everything_spec("stdio", None)}) as (gws, _):
+        first, second = gws
+
+        def session() -> dict[str, str]:
+            opened = httpx2.post(first.url, json=initialize_body(LEGACY), headers=ACCEPT, timeout=10)
+            headers = {**ACCEPT, "mcp-session-id": opened.headers["mcp-session-id"], "mcp-protocol-version": LEGACY}
+            notice = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+            assert httpx2.post(first.url, json=notice, headers=headers, timeout=10).status_code == 202
+            return headers
+
+        def post(gateway: Gateway, headers: dict[str, str], method: str, params: dict[str, Any]) -> dict[str, Any]:
+            body = {"jsonrpc": "2.0", "id": 7, "method": method, "params": params}
+            answer = _answer(httpx2.post(gateway.url, json=body, headers=headers, timeout=30))
+            assert "result" in answer, answer
+            return dict(answer["result"])
+
+        mine, theirs = session(), session()
+        call = {
+            "name": "everything__simulate-research-query",
+            "arguments": {"topic": "python", "ambiguous": False},
+            "task": {"ttl": 60000},
+        }
+        begun = {post(gw, mine, "tools/call", call)["task"]["taskId"] for gw in (first, second)}
+        assert len(begun) == 2
+        for gateway in (first, second):
+            listed = post(gateway, mine, "tasks/list", {})
+            assert {t["taskId"] for t in listed["tasks"]} == begun, "each replica lists the tasks of both"
+            assert post(gateway, theirs, "tasks/list", {})["tasks"] == []
+
+
 def test_the_tools_a_search_revealed_to_a_session_are_listed_on_every_replica(
     tmp_path: Path, redis: RedisServer
 ) -> None:
