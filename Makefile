@@ -75,18 +75,23 @@ PYTEST_MARKS ?= -m "not slow"
 
 test: setup  ## set up and run every check and test but the slow ones
 	@$(MAKE) --no-print-directory -j4 system-deps tests/thirdparty/node_modules/.installed \
-	  tests/thirdparty/reference-server/node_modules/.installed corpus lint  # the installs and the lint side by side
-	@sdk_log=$$(mktemp); \
+	  tests/thirdparty/reference-server/node_modules/.installed lint  # the installs and the lint side by side
+	@sdk_log=$$(mktemp); corpus_log=$$(mktemp); corpus_status=$$(mktemp -u); \
+	( $(MAKE) --no-print-directory corpus >$$corpus_log 2>&1; echo $$? >$$corpus_status.part; \
+	  mv $$corpus_status.part $$corpus_status ) & corpus=$$!; \
+	export MANIFOLD_CORPUS_STATUS=$$corpus_status MANIFOLD_CORPUS_LOG=$$corpus_log; \
+	echo "make corpus (installed while the tests start; the corpus tests wait for it)"; \
 	MANIFOLD_FAST_PATH=false $(BIN)/pytest -q -n $(SDK_PATH_WORKERS) --dist loadfile $(PYTEST_MARKS) $(SDK_PATH_TESTS) \
 	  >$$sdk_log 2>&1 & sdk=$$!; \
-	trap 'kill $$sdk 2>/dev/null || true; rm -f $$sdk_log' EXIT; \
+	trap 'kill $$sdk $$corpus 2>/dev/null || true; rm -f $$sdk_log $$corpus_log $$corpus_status' EXIT; \
 	echo 'pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_MARKS) (the SDK-path run goes on alongside)'; \
 	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_MARKS); main=$$?; \
-	wait $$sdk; sdk_rc=$$?; \
+	wait $$sdk; sdk_rc=$$?; wait $$corpus; \
+	echo "---- make corpus ----"; cat $$corpus_log; \
 	echo "the same conformance tests with the fast path off (every request through the SDK's stacks):"; \
 	echo 'MANIFOLD_FAST_PATH=false pytest -q -n $(SDK_PATH_WORKERS) --dist loadfile $(PYTEST_MARKS) $(SDK_PATH_TESTS)'; \
 	cat $$sdk_log; \
-	[ $$main -eq 0 ] && [ $$sdk_rc -eq 0 ]
+	[ $$main -eq 0 ] && [ $$sdk_rc -eq 0 ] && [ "$$(cat $$corpus_status)" = 0 ]
 
 test-all:  ## make test with the slow tests too
 	$(MAKE) --no-print-directory test PYTEST_MARKS=

@@ -38,6 +38,7 @@ from mcp import MCPError
 from mcp.client import ClientRequestContext
 
 from gateway.internals.sdk import send_unchecked
+from tests.corpus import installing, wait_installed
 from tests.corpus.catalog import SERVERS, Server
 from tests.fixtures.servers import free_port
 from tests.integration.conftest import REDIS, EraClient, Gateway, RedisServer, connect, run_gateway, write_config
@@ -55,16 +56,8 @@ LEGACY, MODERN = "2025-11-25", "2026-07-28"
 STARTUP = 90  # seconds every server has to come up: ~40 processes start at once on 2 cores
 CALL_TIMEOUT = 30
 
-if not (MODULES / ".installed").exists() or not NODE.exists():  # pragma: no cover - `make test` installs them
+if not installing() or not NODE.exists():  # pragma: no cover - `make test` installs them
     pytest.skip("the corpus is not installed (make test installs it)", allow_module_level=True)
-
-
-def missing_venvs() -> list[str]:
-    return [v for v in ("mcp1", "fastmcp", "mcp2") if not (VENVS / v / ".installed").exists()]
-
-
-if missing_venvs():  # pragma: no cover
-    pytest.skip(f"corpus virtualenvs missing: {missing_venvs()} (make test builds them)", allow_module_level=True)
 
 
 # --- the servers, the gateway ---------------------------------------------------------------------------------
@@ -249,6 +242,7 @@ def settle(gateway: Gateway, names: set[str], timeout: float, out: Path) -> dict
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Corpus]:
+    wait_installed()  # `make test` installs it while the other tests run
     work = tmp_path_factory.mktemp("corpus")
     prepare(work)
     redis: RedisServer | None = None

@@ -18,6 +18,7 @@ from typing import Any
 import httpx2
 import pytest
 
+from tests.corpus import CORPUS, installing, wait_installed
 from tests.fixtures.servers import stdio_spec
 from tests.integration.conftest import ROOT, Gateway, connect, run_gateway, upstream_pids, wait_until
 from tests.integration.test_operations import scrape, value
@@ -173,17 +174,14 @@ def test_without_bubblewrap_a_sandboxed_server_does_not_start(tmp_path: Path) ->
     assert "warning: server 'open' runs unsandboxed" in checked.stderr
 
 
-CORPUS = ROOT / "tests" / "corpus"
 MODULES = CORPUS / "node_modules" / "@modelcontextprotocol"
 GIT_SERVER = CORPUS / ".venvs" / "mcp2" / "bin" / "mcp-server-git"
 THIRDPARTY = ROOT / "tests" / "thirdparty"
 
 
-@pytest.mark.skipif(
-    not (CORPUS / "node_modules" / ".installed").exists() or not GIT_SERVER.exists(),
-    reason="the corpus is not installed (make test installs it)",
-)
+@pytest.mark.skipif(not installing(), reason="the corpus is not installed (make test installs it)")
 async def test_real_servers_work_within_their_grants_and_nowhere_else(tmp_path: Path) -> None:
+    wait_installed()  # `make test` installs it while the other tests run
     files, graphs, repo, elsewhere = tmp_path / "files", tmp_path / "graphs", tmp_path / "repo", tmp_path / "elsewhere"
     for folder in (files, graphs, repo, elsewhere):
         folder.mkdir()
