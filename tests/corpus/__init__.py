@@ -15,7 +15,7 @@ MARKERS = [CORPUS / "node_modules" / ".installed"] + [
 # `make test` installs the corpus while the tests start; it names a file that gets the install's exit status, and its
 # log. A test that needs the corpus waits for it (and fails with the log when the install failed).
 STATUS, LOG = "MANIFOLD_CORPUS_STATUS", "MANIFOLD_CORPUS_LOG"
-WAIT = 900
+INSTALL_WAIT = 900  # seconds a test waits for the install at most
 
 
 def installing() -> bool:
@@ -27,7 +27,7 @@ def wait_installed() -> None:
     """Return once the corpus is installed; skip when it is not and nothing installs it; fail when its install
     failed or did not end within 15 minutes."""
     status = os.environ.get(STATUS)
-    deadline = time.monotonic() + WAIT
+    deadline = time.monotonic() + INSTALL_WAIT
     while not all(m.exists() for m in MARKERS):
         if not status:
             pytest.skip("the corpus is not installed (make test installs it)")

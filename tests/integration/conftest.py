@@ -29,6 +29,15 @@ THIRDPARTY = ROOT / "tests" / "thirdparty" / "node_modules" / "@modelcontextprot
 ERAS = ["2026-07-28", "2025-11-25"]
 
 
+# The files whose tests need the corpus, which `make test` installs beside the first tests (`tests/corpus`).
+NEED_THE_CORPUS = ("integration/test_corpus.py", "integration/test_sandbox.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The corpus's files last (every other order kept), so no worker waits for its install while others run."""
+    items.sort(key=lambda item: any(name in item.nodeid for name in NEED_THE_CORPUS))
+
+
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"

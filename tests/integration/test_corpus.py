@@ -38,12 +38,14 @@ from mcp import MCPError
 from mcp.client import ClientRequestContext
 
 from gateway.internals.sdk import send_unchecked
-from tests.corpus import installing, wait_installed
+from tests.corpus import INSTALL_WAIT, installing, wait_installed
 from tests.corpus.catalog import SERVERS, Server
 from tests.fixtures.servers import free_port
 from tests.integration.conftest import REDIS, EraClient, Gateway, RedisServer, connect, run_gateway, write_config
 
-pytestmark = pytest.mark.anyio
+# The first test's setup may wait for the corpus install (`make test` runs it beside the tests) on top of the
+# per-test timeout.
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(INSTALL_WAIT + 120)]
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "tests" / "corpus"

@@ -18,7 +18,7 @@ from typing import Any
 import httpx2
 import pytest
 
-from tests.corpus import CORPUS, installing, wait_installed
+from tests.corpus import CORPUS, INSTALL_WAIT, installing, wait_installed
 from tests.fixtures.servers import stdio_spec
 from tests.integration.conftest import ROOT, Gateway, connect, run_gateway, upstream_pids, wait_until
 from tests.integration.test_operations import scrape, value
@@ -180,6 +180,7 @@ THIRDPARTY = ROOT / "tests" / "thirdparty"
 
 
 @pytest.mark.skipif(not installing(), reason="the corpus is not installed (make test installs it)")
+@pytest.mark.timeout(INSTALL_WAIT + 120)  # it may wait for the corpus install first
 async def test_real_servers_work_within_their_grants_and_nowhere_else(tmp_path: Path) -> None:
     wait_installed()  # `make test` installs it while the other tests run
     files, graphs, repo, elsewhere = tmp_path / "files", tmp_path / "graphs", tmp_path / "repo", tmp_path / "elsewhere"
