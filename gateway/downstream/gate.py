@@ -430,9 +430,7 @@ class AuthGate:
         instances), and pass its answer on; False (nothing sent) when `unreached_ok` and the holder was not there
         to take it. The caller's credentials stay here: the holder is told who the caller is."""
         assert self.shared is not None
-        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"] if k not in UNSHARED]
-        request = {**caller, "headers": headers, "body": base64.b64encode(body).decode()}
-        answer = await self.shared.hand_over(holder, request)
+        answer = await self.shared.hand_over(holder, _handed_request(caller, scope["headers"], body))
         if answer is UNREACHED and unreached_ok:
             return False
         if answer is UNREACHED or answer is LOST:
@@ -474,9 +472,7 @@ class AuthGate:
         assert self.shared is not None
         params = message.get("params")
         kept = {k: v for k, v in params.items() if k != "cursor"} if isinstance(params, dict) else {}
-        whole = {**message, "params": kept}
-        shared = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers if k not in UNSHARED]
-        request = {**caller, "headers": shared, "body": base64.b64encode(encode(whole)).decode()}
+        request = _handed_request(caller, headers, encode({**message, "params": kept}))
         return [task for answer in await self.shared.hand_to_peers(request) for task in _listed_tasks(answer)]
 
     async def _share(self, session: str, view: str, owner: str, opening: dict[str, Any]) -> None:
@@ -524,6 +520,12 @@ async def _waiting() -> Message:
     """A client that stays until the answer is whole (a handed-over request's: its own client waits elsewhere)."""
     await anyio.sleep_forever()
     raise AssertionError("unreachable")
+
+
+def _handed_request(caller: dict[str, Any], headers: list[tuple[bytes, bytes]], body: bytes) -> dict[str, Any]:
+    """A request as it is handed to another replica: who the caller is, its headers but its credentials, its body."""
+    kept = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers if k not in UNSHARED]
+    return {**caller, "headers": kept, "body": base64.b64encode(body).decode()}
 
 
 def _listed_tasks(answer: dict[str, Any]) -> list[dict[str, Any]]:
