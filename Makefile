@@ -47,8 +47,9 @@ system-deps:  ## Debian packages the tests use (redis-server for the shared-stor
 	command -v haproxy >/dev/null || missing="$$missing haproxy"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	command -v bwrap >/dev/null || missing="$$missing bubblewrap"; \
-	[ -z "$$missing" ] || DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing >/dev/null 2>&1 || \
-	  { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing >/dev/null; }
+	apt="apt-get -o DPkg::Lock::Timeout=600"; \
+	[ -z "$$missing" ] || DEBIAN_FRONTEND=noninteractive $$apt install -y -q $$missing >/dev/null 2>&1 || \
+	  { $$apt update -q >/dev/null && DEBIAN_FRONTEND=noninteractive $$apt install -y -q $$missing >/dev/null; }
 
 run: setup  ## set up and serve config/manifold.yaml on http://127.0.0.1:8080/mcp
 	$(BIN)/manifold serve --config config/manifold.yaml
