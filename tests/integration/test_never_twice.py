@@ -188,10 +188,23 @@ async def _settled(gw: Gateway, client: EraClient, seen: int) -> None:
     await client.wait_for(lambda n: {"web__tick", "web__ticks", "web__echo"} <= set(n))
 
 
+async def _quiet(proxy: CuttingProxy, period: float = 0.3) -> None:
+    """Wait until no request has reached the proxy for `period` seconds, so every pooled connection is idle
+    (a listing the gateway sends after a reconnect, or an answer still being read, would take one up)."""
+    with anyio.fail_after(10):
+        while True:
+            seen = len(proxy.bodies)
+            await anyio.sleep(period)
+            if len(proxy.bodies) == seen:
+                return
+
+
 async def _call_on_a_reused_connection(client: EraClient, proxy: CuttingProxy, tool: str) -> Any:
     """Warm the gateway's pooled connection with a call, then call `tool` with the proxy armed for it."""
+    await _quiet(proxy)
     warm = await client.call("web__echo", {"text": "warm"})
     assert warm.is_error is False, warm.content[0].text
+    await _quiet(proxy)
     proxy.arm(tool)
     return await client.call(f"web__{tool}")
 
