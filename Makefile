@@ -85,8 +85,8 @@ test: setup  ## set up and run every check and test but the slow ones
 	MANIFOLD_FAST_PATH=false $(BIN)/pytest -q -n $(SDK_PATH_WORKERS) --dist loadfile $(PYTEST_MARKS) $(SDK_PATH_TESTS) \
 	  >$$sdk_log 2>&1 & sdk=$$!; \
 	trap 'kill $$sdk $$corpus 2>/dev/null || true; rm -f $$sdk_log $$corpus_log $$corpus_status' EXIT; \
-	echo 'pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_MARKS) (the SDK-path run goes on alongside)'; \
-	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_MARKS); main=$$?; \
+	echo 'pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15 $(PYTEST_MARKS) (the SDK-path run goes on alongside)'; \
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15 $(PYTEST_MARKS); main=$$?; \
 	wait $$sdk; sdk_rc=$$?; wait $$corpus; \
 	echo "---- make corpus ----"; cat $$corpus_log; \
 	echo "the same conformance tests with the fast path off (every request through the SDK's stacks):"; \

@@ -31,11 +31,39 @@ ERAS = ["2026-07-28", "2025-11-25"]
 
 # The files whose tests need the corpus, which `make test` installs beside the first tests (`tests/corpus`).
 NEED_THE_CORPUS = ("integration/test_corpus.py", "integration/test_sandbox.py")
+# Seconds the longest files of this folder took in `make test` (the sums of `--durations=0`, 2 workers). Only the
+# order in which the workers take the files depends on them: a stale figure costs time, never a result.
+LONGEST = {
+    "test_replicas.py": 156,
+    "test_resilience.py": 143,
+    "test_admin.py": 77,
+    "test_pins.py": 70,
+    "test_workers.py": 70,
+    "test_security.py": 68,
+    "test_conformance.py": 51,
+    "test_handover.py": 51,
+    "test_deferred.py": 47,
+    "test_everything.py": 46,
+    "test_oauth_upstream.py": 45,
+    "test_tracing.py": 37,
+    "test_reference_server.py": 33,
+    "test_gateway.py": 32,
+}
+
+
+def _turn(item: pytest.Item) -> tuple[int, int]:
+    file = item.nodeid.partition("::")[0]
+    if file.endswith(NEED_THE_CORPUS):
+        return 1, 0
+    seconds = LONGEST.get(file.removeprefix("tests/integration/"), 0)
+    return (0, -seconds) if seconds else (2, 0)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The corpus's files last (every other order kept), so no worker waits for its install while others run."""
-    items.sort(key=lambda item: any(name in item.nodeid for name in NEED_THE_CORPUS))
+    """The longest files first, longest to shortest, so the last to finish is a short one; then the corpus's
+    (installed by then, so no worker waits for it); then the rest in their order. `make test` turns xdist's
+    own order (by number of tests) off."""
+    items.sort(key=_turn)
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -163,6 +164,10 @@ async def test_secrets_never_reach_logs_metrics_or_readyz(tmp_path: Path) -> Non
             assert "5ecret" not in text
 
 
+def _logs_call_of(gw: Gateway, tool: str) -> bool:
+    return any(e.get("event") == "tool call" and e.get("tool") == tool for e in gw.log_events())
+
+
 async def test_each_call_logs_one_structured_line(tmp_path: Path) -> None:
     """At debug, every call logs one line; at the default level (info), only the calls that did not go as asked:
     a gateway under load would otherwise write a line per call."""
@@ -172,6 +177,9 @@ async def test_each_call_logs_one_structured_line(tmp_path: Path) -> None:
                 await client.wait_for(lambda n: "fx__echo" in n)
                 await client.call("fx__echo", {"text": "logged"})
                 await client.call("fx__fail", {"reason": "r"})
+            # A call's line may be written just after its answer went out.
+            failed_logged = functools.partial(_logs_call_of, gw, "fx__fail")
+            await wait_until(failed_logged, 10, "the failed call's line")
             events = gw.log_events()
         calls = [e for e in events if e.get("event") == "tool call"]
         expected = [("fx__echo", "ok", "debug"), ("fx__fail", "tool_error", "info")]
