@@ -72,7 +72,9 @@ SDK_PATH_TESTS = tests/integration/test_gateway.py tests/integration/test_resili
 PYTEST_WORKERS ?= 2
 SDK_PATH_WORKERS ?= 1
 # `slow` tests (soaks, the fixtures' own conformance runs) are left out of `make test`; `make test-all` runs them.
+# The SDK-path run leaves out the `path_independent` tests too: the main run has already run them the same way.
 PYTEST_MARKS ?= -m "not slow"
+SDK_PATH_MARKS ?= -m "not slow and not path_independent"
 
 test: setup  ## set up and run every check and test but the slow ones
 	@$(MAKE) --no-print-directory -j4 system-deps tests/thirdparty/node_modules/.installed \
@@ -82,7 +84,7 @@ test: setup  ## set up and run every check and test but the slow ones
 	  mv $$corpus_status.part $$corpus_status ) & corpus=$$!; \
 	export MANIFOLD_CORPUS_STATUS=$$corpus_status MANIFOLD_CORPUS_LOG=$$corpus_log; \
 	echo "make corpus (installed while the tests start; the corpus tests wait for it)"; \
-	MANIFOLD_FAST_PATH=false $(BIN)/pytest -q -n $(SDK_PATH_WORKERS) --dist loadfile $(PYTEST_MARKS) $(SDK_PATH_TESTS) \
+	MANIFOLD_FAST_PATH=false $(BIN)/pytest -q -n $(SDK_PATH_WORKERS) --dist loadfile $(SDK_PATH_MARKS) $(SDK_PATH_TESTS) \
 	  >$$sdk_log 2>&1 & sdk=$$!; \
 	trap 'kill $$sdk $$corpus 2>/dev/null || true; rm -f $$sdk_log $$corpus_log $$corpus_status' EXIT; \
 	echo 'pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15 $(PYTEST_MARKS) (the SDK-path run goes on alongside)'; \
@@ -90,12 +92,12 @@ test: setup  ## set up and run every check and test but the slow ones
 	wait $$sdk; sdk_rc=$$?; wait $$corpus; \
 	echo "---- make corpus ----"; cat $$corpus_log; \
 	echo "the same conformance tests with the fast path off (every request through the SDK's stacks):"; \
-	echo 'MANIFOLD_FAST_PATH=false pytest -q -n $(SDK_PATH_WORKERS) --dist loadfile $(PYTEST_MARKS) $(SDK_PATH_TESTS)'; \
+	echo 'MANIFOLD_FAST_PATH=false pytest -q -n $(SDK_PATH_WORKERS) --dist loadfile $(SDK_PATH_MARKS) $(SDK_PATH_TESTS)'; \
 	cat $$sdk_log; \
 	[ $$main -eq 0 ] && [ $$sdk_rc -eq 0 ] && [ "$$(cat $$corpus_status)" = 0 ]
 
 test-all:  ## make test with the slow tests too
-	$(MAKE) --no-print-directory test PYTEST_MARKS=
+	$(MAKE) --no-print-directory test PYTEST_MARKS= SDK_PATH_MARKS='-m "not path_independent"'
 
 bench: setup  ## run the benchmark (about 16 min on 2 cores); results in bench/results/latest.md, latest.json, tracing.json and replicas.json
 	$(BIN)/python -m bench $(BENCH_ARGS)

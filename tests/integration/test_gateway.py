@@ -129,6 +129,7 @@ async def test_unknown_tool_is_invalid_params(core_gateway, era: str) -> None:
         assert err.value.code == -32602
 
 
+@pytest.mark.path_independent
 async def test_missing_env_var_and_failed_start_fail_one_server_only(tmp_path: Path) -> None:
     config = {
         "servers": {
@@ -166,6 +167,7 @@ async def test_collisions_are_kept_apart(tmp_path: Path) -> None:
         assert any(e["name"] == "echo" for e in collided)
 
 
+@pytest.mark.path_independent
 async def test_claude_desktop_json_config(tmp_path: Path) -> None:
     config = {"mcpServers": {"fx": stdio_spec(), "clock": {"command": "mcp-server-time", "type": "stdio"}}}
     with run_gateway(tmp_path, config, config_name="claude_desktop_config.json") as gw:

@@ -136,6 +136,7 @@ async def test_hung_upstream_times_out_is_cancelled_and_does_not_slow_others(tmp
         await wait_until(lambda: cancel_file.exists() and "cancelled" in cancel_file.read_text(), 5, "upstream cancel")
 
 
+@pytest.mark.path_independent
 async def test_progress_restarts_the_clock(tmp_path: Path) -> None:
     config = {"servers": {"fx": {**stdio_spec(), "timeout": 1.5}}}
     with run_gateway(tmp_path, config) as gw:
@@ -157,6 +158,7 @@ async def test_progress_restarts_the_clock(tmp_path: Path) -> None:
             assert "timeout" in silent.content[0].text
 
 
+@pytest.mark.path_independent
 @pytest.mark.parametrize("era", ERAS)
 async def test_progress_reaches_the_caller_before_the_result(tmp_path: Path, era: str) -> None:
     with run_http_fixture(name="web") as web:
@@ -176,6 +178,7 @@ async def test_progress_reaches_the_caller_before_the_result(tmp_path: Path, era
                     assert events == [(1, 5), (2, 5), (3, 5), (4, 5), (5, 5), "result"], tool
 
 
+@pytest.mark.path_independent
 async def test_startup_does_not_wait_for_a_server_that_never_answers(tmp_path: Path) -> None:
     config = {
         "servers": {
@@ -194,6 +197,7 @@ async def test_startup_does_not_wait_for_a_server_that_never_answers(tmp_path: P
         assert status == {"fx": "up", "silent": "connecting"}
 
 
+@pytest.mark.path_independent
 @pytest.mark.parametrize("mode", ["garbage", "exit-at-start"])
 async def test_a_broken_stdio_server_is_down_and_backed_off(tmp_path: Path, mode: str) -> None:
     config = {"servers": {"bad": {**stdio_spec(mode), "startup_timeout": 2}, "fx": stdio_spec()}}
@@ -209,6 +213,7 @@ async def test_a_broken_stdio_server_is_down_and_backed_off(tmp_path: Path, mode
         assert 1 <= len(starts) <= 4, f"respawned {len(starts)} times in 4 s: not backed off"
 
 
+@pytest.mark.path_independent
 async def test_garbage_http_upstream_is_down_others_serve(tmp_path: Path) -> None:
     with run_http_fixture(mode="garbage") as bad:
         config = {"servers": {"bad": {"url": bad.url, "startup_timeout": 3}, "fx": stdio_spec()}}
@@ -245,6 +250,7 @@ async def test_tool_list_changes_reach_clients_with_filters_reapplied(tmp_path: 
             assert "fx__secret_three" not in await client.tool_names()
 
 
+@pytest.mark.path_independent
 async def test_http_upstream_restart_is_reconnected(tmp_path: Path) -> None:
     with run_http_fixture(name="web") as web:
         config = {"servers": {"web": {"url": web.url}}}
@@ -356,6 +362,7 @@ def _everything_http(port: int) -> subprocess.Popen[bytes]:
     )
 
 
+@pytest.mark.path_independent
 @pytest.mark.skipif(not THIRDPARTY.exists(), reason="npm test upstreams not installed")
 async def test_expired_http_session_is_reinitialised_transparently(tmp_path: Path) -> None:
     port = free_port()
