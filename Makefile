@@ -75,6 +75,8 @@ SDK_PATH_WORKERS ?= 1
 # The SDK-path run leaves out the `path_independent` tests too: the main run has already run them the same way.
 PYTEST_MARKS ?= -m "not slow"
 SDK_PATH_MARKS ?= -m "not slow and not path_independent"
+MAIN_RUN = pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15 $(PYTEST_MARKS)
+SDK_PATH_RUN = pytest -q -n $(SDK_PATH_WORKERS) --dist loadfile $(SDK_PATH_MARKS) $(SDK_PATH_TESTS)
 
 test: setup  ## set up and run every check and test but the slow ones
 	@$(MAKE) --no-print-directory -j4 system-deps tests/thirdparty/node_modules/.installed \
@@ -84,15 +86,14 @@ test: setup  ## set up and run every check and test but the slow ones
 	  mv $$corpus_status.part $$corpus_status ) & corpus=$$!; \
 	export MANIFOLD_CORPUS_STATUS=$$corpus_status MANIFOLD_CORPUS_LOG=$$corpus_log; \
 	echo "make corpus (installed while the tests start; the corpus tests wait for it)"; \
-	MANIFOLD_FAST_PATH=false $(BIN)/pytest -q -n $(SDK_PATH_WORKERS) --dist loadfile $(SDK_PATH_MARKS) $(SDK_PATH_TESTS) \
-	  >$$sdk_log 2>&1 & sdk=$$!; \
+	MANIFOLD_FAST_PATH=false $(BIN)/$(SDK_PATH_RUN) >$$sdk_log 2>&1 & sdk=$$!; \
 	trap 'kill $$sdk $$corpus 2>/dev/null || true; rm -f $$sdk_log $$corpus_log $$corpus_status' EXIT; \
-	echo 'pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15 $(PYTEST_MARKS) (the SDK-path run goes on alongside)'; \
-	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15 $(PYTEST_MARKS); main=$$?; \
+	echo '$(MAIN_RUN) (the SDK-path run goes on alongside)'; \
+	$(BIN)/$(MAIN_RUN); main=$$?; \
 	wait $$sdk; sdk_rc=$$?; wait $$corpus; \
 	echo "---- make corpus ----"; cat $$corpus_log; \
 	echo "the same conformance tests with the fast path off (every request through the SDK's stacks):"; \
-	echo 'MANIFOLD_FAST_PATH=false pytest -q -n $(SDK_PATH_WORKERS) --dist loadfile $(SDK_PATH_MARKS) $(SDK_PATH_TESTS)'; \
+	echo 'MANIFOLD_FAST_PATH=false $(SDK_PATH_RUN)'; \
 	cat $$sdk_log; \
 	[ $$main -eq 0 ] && [ $$sdk_rc -eq 0 ] && [ "$$(cat $$corpus_status)" = 0 ]
 

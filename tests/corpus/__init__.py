@@ -18,17 +18,22 @@ STATUS, LOG = "MANIFOLD_CORPUS_STATUS", "MANIFOLD_CORPUS_LOG"
 INSTALL_WAIT = 900  # seconds a test waits for the install at most
 
 
+def installed() -> bool:
+    """Whether every part of the corpus is installed."""
+    return all(m.exists() for m in MARKERS)
+
+
 def installing() -> bool:
     """Whether the corpus is installed, or being installed beside this run."""
-    return all(m.exists() for m in MARKERS) or bool(os.environ.get(STATUS))
+    return installed() or bool(os.environ.get(STATUS))
 
 
 def wait_installed() -> None:
     """Return once the corpus is installed; skip when it is not and nothing installs it; fail when its install
-    failed or did not end within 15 minutes."""
+    failed or did not end within `INSTALL_WAIT` seconds."""
     status = os.environ.get(STATUS)
     deadline = time.monotonic() + INSTALL_WAIT
-    while not all(m.exists() for m in MARKERS):
+    while not installed():
         if not status:
             pytest.skip("the corpus is not installed (make test installs it)")
         done = Path(status)
@@ -36,5 +41,5 @@ def wait_installed() -> None:
             log = Path(os.environ.get(LOG, "/dev/null")).read_text(errors="replace")[-4000:]
             pytest.fail(f"the corpus install failed (exit {done.read_text().strip()}):\n{log}")
         if time.monotonic() > deadline:
-            pytest.fail("the corpus install did not end within 15 minutes")
+            pytest.fail(f"the corpus install did not end within {INSTALL_WAIT} s")
         time.sleep(1)

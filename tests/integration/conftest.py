@@ -30,7 +30,7 @@ ERAS = ["2026-07-28", "2025-11-25"]
 
 
 # The files whose tests need the corpus, which `make test` installs beside the first tests (`tests/corpus`).
-NEED_THE_CORPUS = ("integration/test_corpus.py", "integration/test_sandbox.py")
+NEED_THE_CORPUS = ("test_corpus.py", "test_sandbox.py")
 # Seconds the longest files of this folder took in `make test` (the sums of `--durations=0`, 2 workers). Only the
 # order in which the workers take the files depends on them: a stale figure costs time, never a result.
 LONGEST = {
@@ -52,10 +52,10 @@ LONGEST = {
 
 
 def _turn(item: pytest.Item) -> tuple[int, int]:
-    file = item.nodeid.partition("::")[0]
-    if file.endswith(NEED_THE_CORPUS):
+    name = item.nodeid.partition("::")[0].removeprefix("tests/integration/")
+    if name in NEED_THE_CORPUS:
         return 1, 0
-    seconds = LONGEST.get(file.removeprefix("tests/integration/"), 0)
+    seconds = LONGEST.get(name, 0)
     return (0, -seconds) if seconds else (2, 0)
 
 
@@ -91,6 +91,10 @@ class Gateway:
             except json.JSONDecodeError:
                 continue
         return events
+
+    def logged(self, event: str, **fields: Any) -> bool:
+        """Whether the gateway has logged `event` with these field values."""
+        return any(e.get("event") == event and all(e.get(k) == v for k, v in fields.items()) for e in self.log_events())
 
 
 def write_config(tmp_path: Path, config: dict[str, Any] | str, name: str = "manifold.yaml") -> Path:

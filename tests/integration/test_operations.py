@@ -164,10 +164,6 @@ async def test_secrets_never_reach_logs_metrics_or_readyz(tmp_path: Path) -> Non
             assert "5ecret" not in text
 
 
-def _logs_call_of(gw: Gateway, tool: str) -> bool:
-    return any(e.get("event") == "tool call" and e.get("tool") == tool for e in gw.log_events())
-
-
 async def test_each_call_logs_one_structured_line(tmp_path: Path) -> None:
     """At debug, every call logs one line; at the default level (info), only the calls that did not go as asked:
     a gateway under load would otherwise write a line per call."""
@@ -178,7 +174,7 @@ async def test_each_call_logs_one_structured_line(tmp_path: Path) -> None:
                 await client.call("fx__echo", {"text": "logged"})
                 await client.call("fx__fail", {"reason": "r"})
             # A call's line may be written just after its answer went out.
-            failed_logged = functools.partial(_logs_call_of, gw, "fx__fail")
+            failed_logged = functools.partial(gw.logged, "tool call", tool="fx__fail")
             await wait_until(failed_logged, 10, "the failed call's line")
             events = gw.log_events()
         calls = [e for e in events if e.get("event") == "tool call"]

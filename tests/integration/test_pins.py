@@ -157,17 +157,13 @@ async def test_warn_serves_logs_and_counts_and_trusted_is_not_judged(tmp_path: P
             assert rows[("calm", "alpha")]["mode"] == "off" and rows[("calm", "alpha")]["pinned"] is None
 
 
-def _pinned_first_listing(gw: Gateway, server: str) -> bool:
-    return any(e.get("event") == "first listing pinned" and e.get("server") == server for e in gw.log_events())
-
-
 async def test_pins_survive_a_restart_with_sqlite(tmp_path: Path) -> None:
     cfg = {**config(tmp_path), "store": f"sqlite:///{tmp_path / 'state.db'}"}
     with run_gateway(tmp_path, cfg, env=ENV) as gw:
         async with connect(gw.url, "2026-07-28") as client:
             await client.wait_for(lambda n: "fx__alpha" in n)
         # A first listing is served as it is being pinned: stop once the pins are written.
-        await wait_until(lambda: _pinned_first_listing(gw, "fx"), what="the first listing pinned")
+        await wait_until(lambda: gw.logged("first listing pinned", server="fx"), what="the first listing pinned")
     # The fixture starts again with its original definitions; a changed tools file plays the rug pull.
     (tmp_path / "tools.json").write_text(json.dumps(["alpha", "gamma"]))
     with run_gateway(tmp_path, cfg, env=ENV) as gw:
@@ -282,7 +278,7 @@ async def test_pins_stored_by_an_earlier_version_hold_only_what_changed_and_are_
         async with connect(gw.url, "2026-07-28") as client:
             await client.wait_for(lambda n: "fx__beta" in n)
         await wait_until(
-            lambda: any(e.get("event") == "first listing pinned" for e in gw.log_events()),
+            lambda: gw.logged("first listing pinned"),
             what="the first listing stored before the gateway stops",
         )
     # What the earlier version stored; for `echo`, as it was before a change the upgrade must not swallow.
