@@ -261,13 +261,21 @@ docker compose -p "$PROJECT" exec -T -e MANIFOLD_TOKEN upstream python - --timeo
   fail "web__echo through http://manifold:8080/mcp from inside the compose network"
 pass "web__echo through http://manifold:8080/mcp from inside the compose network (MANIFOLD_ALLOWED_HOSTS)"
 
-ready=$(http "$GW/readyz")
-body "$ready"
-body "$ready" | "$PY" -c '
+# The stdio server starts inside the gateway's container: on a busy host that can take more than its
+# startup_timeout, after which a later try gets more time. Up to 60 s for both.
+both_up() {
+  body "$1" | "$PY" -c '
 import json, sys
 servers = {s["name"]: s["state"] for s in json.load(sys.stdin)["servers"]}
-sys.exit(0 if servers.get("web") == "up" and servers.get("time") == "up" else 1)' ||
-  fail "/readyz does not show web and time up"
+sys.exit(0 if servers.get("web") == "up" and servers.get("time") == "up" else 1)'
+}
+for _ in $(seq 1 120); do
+  ready=$(http "$GW/readyz")
+  both_up "$ready" && break
+  sleep 0.5
+done
+body "$ready"
+both_up "$ready" || fail "/readyz does not show web and time up within 60 s"
 pass "/readyz: web and time up"
 
 metrics=$(http "$GW/metrics")

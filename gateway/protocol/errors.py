@@ -102,7 +102,7 @@ def describe(exc: BaseException) -> str:
     elif isinstance(exc, EgressDenied):
         text = f"egress check failed: {exc}"
     elif isinstance(exc, TimeoutError):
-        text = "timed out"
+        text = str(exc) or "timed out"
     else:
         text = str(exc) or type(exc).__name__
     return redact_text(text.splitlines()[0] if text else type(exc).__name__)[:300]

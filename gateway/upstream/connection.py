@@ -49,6 +49,8 @@ if TYPE_CHECKING:
 
 Json = dict[str, Any]
 CLIENT_INFO = types.Implementation(name="manifold", version=__version__)
+# How many times startup_timeout a try may take at most, after earlier tries ran out of it.
+STARTUP_GROWTH = 4.0
 
 log = get_logger("upstream")
 
@@ -135,6 +137,9 @@ class Upstream(ServerState):
         self._refresh_wanted = anyio.Event()
         self._closed = anyio.Event()
         self._backoff = Backoff(1.0, 60.0, healthy_after=30.0)
+        # A try that ran out of startup_timeout gives the next one twice the time, up to STARTUP_GROWTH times it:
+        # a server that boots slowly on a busy host (or an npx download) comes up instead of being cut each time.
+        self._startup_scale = 1.0
         self._reconnect_now = False
         self._wake = anyio.Event()  # set by `reconnect`: ends a wait between tries
         self._tasks: anyio.abc.TaskGroup | None = None
@@ -214,9 +219,10 @@ class Upstream(ServerState):
 
     async def _connect_and_serve(self, resolved: ResolvedServer, connecting: Span | None = None) -> None:
         self._closed = anyio.Event()
+        budget = self.spec.startup_timeout * self._startup_scale
         # The startup deadline wraps the whole connection so every context is exited in order;
         # it is lifted once the first listing is in.
-        with anyio.CancelScope(deadline=anyio.current_time() + self.spec.startup_timeout) as startup:
+        with anyio.CancelScope(deadline=anyio.current_time() + budget) as startup:
             async with AsyncExitStack() as stack:
                 read, write = await stack.enter_async_context(await self._transport(resolved))
                 session = await stack.enter_async_context(
@@ -231,7 +237,7 @@ class Upstream(ServerState):
                 )
                 if self.spec.protocol == "auto":
                     # half the startup time for the probe leaves the other half for the handshake after it
-                    await negotiate(session, self.spec.startup_timeout / 2)
+                    await negotiate(session, budget / 2)
                 elif Era.of(self.spec.protocol).modern:
                     await session.discover()
                 else:
@@ -239,12 +245,14 @@ class Upstream(ServerState):
                 offers = await self._list(session, connecting)
                 self._report_listings(offers)
                 startup.deadline = math.inf
+                self._startup_scale = 1.0
                 if connecting is not None:
                     connecting.set_attribute("mcp.protocol.version", session.protocol_version or "")
                     tracing.end(connecting)
                 await self._serve(session, offers)
         if startup.cancelled_caught:
-            raise TimeoutError(f"no answer within startup_timeout ({self.spec.startup_timeout:g} s)")
+            self._startup_scale = min(self._startup_scale * 2, STARTUP_GROWTH)
+            raise TimeoutError(f"no answer within {budget:g} s (startup_timeout {self.spec.startup_timeout:g} s)")
 
     async def _serve(self, session: ClientSession, offers: Offers) -> None:
         self.session = session

@@ -198,6 +198,19 @@ async def test_startup_does_not_wait_for_a_server_that_never_answers(tmp_path: P
 
 
 @pytest.mark.path_independent
+async def test_a_server_slower_than_startup_timeout_comes_up_on_a_later_try(tmp_path: Path) -> None:
+    # It answers 2.5 s after it starts: the tries get 1 s, then 2 s, then 4 s (at most 4 times startup_timeout).
+    config = {"servers": {"slow": {**stdio_spec("slow-start:2.5"), "startup_timeout": 1}}}
+    with run_gateway(tmp_path, config) as gw:
+        async with connect(gw.url, "2026-07-28") as client:
+            await client.wait_for(lambda n: "slow__echo" in n, timeout=30)
+            assert (await client.call("slow__echo", {"text": "late"})).content[0].text == "late"
+        cut = "no answer within 1 s (startup_timeout 1 s)"
+        assert gw.logged("upstream state", server="slow", state="down", reason=cut)
+        assert len(upstream_pids(gw, "slow")) >= 2
+
+
+@pytest.mark.path_independent
 @pytest.mark.parametrize("mode", ["garbage", "exit-at-start"])
 async def test_a_broken_stdio_server_is_down_and_backed_off(tmp_path: Path, mode: str) -> None:
     config = {"servers": {"bad": {**stdio_spec(mode), "startup_timeout": 2}, "fx": stdio_spec()}}
