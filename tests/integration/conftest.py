@@ -22,11 +22,13 @@ import yaml
 from mcp import Client, ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
+from tests.fixtures.forkserver import Process, spawn
 from tests.fixtures.servers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 THIRDPARTY = ROOT / "tests" / "thirdparty" / "node_modules" / "@modelcontextprotocol"
 ERAS = ["2026-07-28", "2025-11-25"]
+LOG_JSON = ("--log-format", "json")
 
 
 # The files whose tests need the corpus, which `make test` installs beside the first tests (`tests/corpus`).
@@ -77,7 +79,7 @@ class Gateway:
 
     url: str
     base: str
-    proc: subprocess.Popen[bytes]
+    proc: Process
     log_path: Path
 
     def log(self) -> str:
@@ -118,30 +120,18 @@ def run_gateway(
     config_name: str = "manifold.yaml",
     port: int | None = None,
 ) -> Iterator[Gateway]:
-    """Start `python -m gateway serve` on `port` (default: a free one); stop it (and check it exits) afterwards."""
+    """Start `python -m gateway serve` on `port` (default: a free one; forked from the fork server, see
+    `tests.fixtures.forkserver`); stop it (and check it exits) afterwards."""
     path = write_config(tmp_path, config, config_name)
     port = port or free_port()
     log_path = tmp_path / f"gateway-{port}.log"
     with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gateway",
-                "serve",
-                "--config",
-                str(path),
-                "--port",
-                str(port),
-                "--log-format",
-                "json",
-                *args,
-            ],
+        proc = spawn(
+            [sys.executable, "-m", "gateway", "serve", "--config", str(path), "--port", str(port), *LOG_JSON, *args],
             cwd=ROOT,
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})},
-            start_new_session=True,
         )
     base = f"http://127.0.0.1:{port}"
     gateway = Gateway(f"{base}/mcp", base, proc, log_path)

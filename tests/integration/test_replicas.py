@@ -554,6 +554,16 @@ def _outcome(
     return Outcome(client, started, ended, "ok" if want in text else "failed", text)
 
 
+def _left_held_by_the_kill(o: Outcome, outcomes: list[Outcome], killed: float) -> bool:
+    """A held call whose retry was cut off with the killed replica stays held on its holder until the server's
+    timeout (README: a held call nobody comes back for). Until then the 2025-era server's questions there cannot
+    be told apart from a new call's, and the server is told so (README: when calls of several clients are in
+    flight at once, the server gets an error). Only that refusal, only after such a cut, is expected."""
+    cut = any(h.client == "held" and h.kind == "interrupted" and h.ended > killed - 1 for h in outcomes)
+    ambiguous = "calls of several clients are in flight" in o.detail
+    return cut and ambiguous and o.client == "held" and o.started > killed - 1
+
+
 @pytest.mark.filterwarnings("ignore::mcp.MCPDeprecationWarning")  # resources/subscribe is handshake-era only
 async def test_mixed_clients_go_on_while_a_replica_is_killed_and_restarted(tmp_path: Path, redis: RedisServer) -> None:
     """2025-era sessions, 2026-era callers, a held elicitation, tasks and a subscription run through HAProxy and
@@ -670,9 +680,9 @@ async def test_mixed_clients_go_on_while_a_replica_is_killed_and_restarted(tmp_p
             await anyio.sleep(5)
             stop.set()
 
-        failed = [o for o in outcomes if o.kind == "failed"]
-        assert not failed, "\n".join(f"{o.client}: {o.detail}" for o in failed)
         killed, restarted = moments["killed"], moments["restarted"]
+        failed = [o for o in outcomes if o.kind == "failed" and not _left_held_by_the_kill(o, outcomes, killed)]
+        assert not failed, "\n".join(f"{o.client}: {o.detail}" for o in failed)
         for o in outcomes:
             if o.kind == "interrupted":
                 assert o.started < killed + 1 and o.ended > killed, (
