@@ -22,9 +22,9 @@ import redis
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.fixtures.forkserver import run
 from tests.fixtures.servers import run_http_fixture, stdio_spec
 from tests.integration.conftest import (
-    ROOT,
     Gateway,
     RedisServer,
     connect,
@@ -151,14 +151,7 @@ async def test_removing_a_stdio_runtime_server_stops_its_process_group(tmp_path:
 
 
 def manifold(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gateway", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "MANIFOLD_ADMIN_TOKEN": TOKEN},
-    )
+    return run([sys.executable, "-m", "gateway", *args], env={**os.environ, "MANIFOLD_ADMIN_TOKEN": TOKEN})
 
 
 async def test_servers_cli(tmp_path: Path) -> None:

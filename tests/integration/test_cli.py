@@ -9,19 +9,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tests.fixtures.forkserver import run
 from tests.fixtures.servers import stdio_spec
 from tests.integration.conftest import ROOT, write_config
 
 
 def manifold(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gateway", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
+    return run([sys.executable, "-m", "gateway", *args], timeout=timeout, env={**os.environ, **(env or {})})
 
 
 BROKEN = """

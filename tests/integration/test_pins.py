@@ -18,10 +18,10 @@ import httpx2
 import pytest
 
 from gateway.store.sqlite import SqliteStore
+from tests.fixtures.forkserver import run
 from tests.fixtures.servers import stdio_spec
 from tests.integration.conftest import (
     ERAS,
-    ROOT,
     Gateway,
     RedisServer,
     connect,
@@ -48,9 +48,7 @@ def config(tmp_path: Path, **options: Any) -> dict[str, Any]:
 
 def cli(gw: Gateway, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "MANIFOLD_ADMIN_TOKEN": TOKEN, "MANIFOLD_URL": gw.base}
-    return subprocess.run(
-        [sys.executable, "-m", "gateway", "pins", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
-    )
+    return run([sys.executable, "-m", "gateway", "pins", *args], env=env)
 
 
 def metric(gw: Gateway, name: str, **labels: str) -> float | None:
