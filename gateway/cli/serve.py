@@ -71,6 +71,7 @@ def serve(settings: Settings, config: FileConfig) -> None:
         server_header=False,  # no `server: uvicorn` on every answer
         lifespan="on",
         timeout_graceful_shutdown=2,
+        timeout_keep_alive=settings.keep_alive_timeout,
         ws_max_size=settings.max_body_bytes,  # a worker's message is bounded as a request body is
         ws_ping_interval=None,  # workers are pinged in MCP (`ping`), on `workers.heartbeat_interval`
     )

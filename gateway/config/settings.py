@@ -165,6 +165,8 @@ class Settings(BaseSettings):
     max_token_bytes: int = Field(16 * 1024, ge=256)
     header_timeout: float = Field(10.0, gt=0)
     body_timeout: float = Field(60.0, gt=0)
+    # Above the idle timeouts of common balancers (60 s), so the balancer closes an idle connection first.
+    keep_alive_timeout: int = Field(75, ge=1)
     max_connections: int = Field(4096, ge=1)
     max_sessions: int = Field(5000, ge=1)
     session_idle_timeout: float = Field(1800.0, gt=0)

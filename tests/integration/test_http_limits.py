@@ -1,8 +1,8 @@
 """The HTTP layer's limits, against a running gateway over raw sockets on loopback: the size of a request's head,
 the time its head and its body may take, the number of open connections, and the length of a bearer token.
 
-One gateway serves the module with short timeouts (`header_timeout` 1 s, `body_timeout` 1.5 s); the connection
-cap has a gateway of its own.
+One gateway serves the module with short timeouts (`header_timeout` 1 s, `body_timeout` 1.5 s,
+`keep_alive_timeout` 2 s); the connection cap has a gateway of its own.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from tests.fixtures.servers import stdio_spec
 from tests.integration.conftest import Gateway, run_gateway
 
 TOKEN = "limits-token-0123456789abcdef"
-HEADER_TIMEOUT, BODY_TIMEOUT = 1.0, 1.5
+HEADER_TIMEOUT, BODY_TIMEOUT, KEEP_ALIVE = 1.0, 1.5, 2
 MARGIN = 1.5  # what the gateway may take beyond a timeout to close
 MODERN = "2026-07-28"
 
@@ -46,7 +46,7 @@ def ready(gw: Gateway) -> Gateway:
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    limits = {"header_timeout": HEADER_TIMEOUT, "body_timeout": BODY_TIMEOUT}
+    limits = {"header_timeout": HEADER_TIMEOUT, "body_timeout": BODY_TIMEOUT, "keep_alive_timeout": KEEP_ALIVE}
     with run_gateway(tmp_path_factory.mktemp("limits"), config(**limits), env={"T_TOKEN": TOKEN}) as gw:
         yield ready(gw)
 
@@ -77,10 +77,15 @@ def until_closed(sock: socket.socket, timeout: float) -> tuple[bytes, float | No
 
 
 def call_request(
-    tool: str, arguments: dict[str, Any] | None = None, *, content_length: int | None = None, pad: int = 0
+    tool: str,
+    arguments: dict[str, Any] | None = None,
+    *,
+    content_length: int | None = None,
+    pad: int = 0,
+    keep_alive: bool = False,
 ) -> tuple[bytes, bytes]:
     """A sessionless (2026) `tools/call` of `tool`: its head (stating `content_length`, by default the body's own
-    length, and an `X-Pad` header of `pad` bytes) and its body."""
+    length, an `X-Pad` header of `pad` bytes, and `Connection: close` unless `keep_alive`) and its body."""
     meta = {"io.modelcontextprotocol/protocolVersion": MODERN, "io.modelcontextprotocol/clientCapabilities": {}}
     params = {"name": tool, "arguments": arguments or {}, "_meta": meta}
     message = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}
@@ -94,12 +99,31 @@ def call_request(
         f"MCP-Protocol-Version: {MODERN}",
         "Mcp-Method: tools/call",
         f"Mcp-Name: {tool}",
-        "Connection: close",
+        f"Connection: {'keep-alive' if keep_alive else 'close'}",
         f"Content-Length: {len(body) if content_length is None else content_length}",
     ]
     if pad:
         head.append("X-Pad: " + "a" * pad)
     return ("\r\n".join(head) + "\r\n\r\n").encode(), body
+
+
+def answer_on(sock: socket.socket) -> bytes:
+    """One whole answer read off a kept-alive connection (its body sized by `Content-Length`)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"the connection closed mid-answer: {data[:200]!r}"
+        data += chunk
+    head, body = data.split(b"\r\n\r\n", 1)
+    length = next(
+        int(line.split(b":")[1]) for line in head.lower().split(b"\r\n") if line.startswith(b"content-length:")
+    )
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        assert chunk, f"the connection closed mid-answer: {data[:200]!r}"
+        body += chunk
+    assert len(body) == length, "nothing follows an answer that was not asked for"
+    return head + b"\r\n\r\n" + body
 
 
 def status_of(data: bytes) -> int:
@@ -202,6 +226,20 @@ def test_a_connection_that_sends_no_head_is_closed_after_the_header_timeout(gate
     assert closed is not None and time.monotonic() - started < HEADER_TIMEOUT + 2 * MARGIN
     assert status_of(data) == 408, data[:200]
     assert refusals(gateway, "header_timeout") >= before + 2
+
+
+def test_a_kept_alive_connection_is_closed_once_idle_for_the_keep_alive_timeout(gateway: Gateway) -> None:
+    with dial(gateway) as sock:
+        # The second call comes after an idle pause longer than header_timeout (whose clock starts at a head's
+        # first byte on a kept-alive connection) and shorter than keep_alive_timeout: served on the same connection.
+        for pause in (0.0, (HEADER_TIMEOUT + KEEP_ALIVE) / 2):
+            time.sleep(pause)
+            sock.sendall(b"".join(call_request("fx__echo", {"text": "kept"}, keep_alive=True)))
+            answer = answer_on(sock)
+            assert status_of(answer) == 200 and text_of(answer) == "kept", answer[:300]
+        data, closed = until_closed(sock, KEEP_ALIVE + MARGIN)
+    assert data == b"" and closed is not None, (data[:200], closed)
+    assert closed >= KEEP_ALIVE * 0.9, f"closed after {closed:.2f} s idle, before keep_alive_timeout"
 
 
 def test_a_body_that_stalls_gets_408_and_none_of_it_is_acted_on(gateway: Gateway) -> None:

@@ -654,7 +654,9 @@ async def test_mixed_clients_go_on_while_a_replica_is_killed_and_restarted(tmp_p
             "conf": {"url": conformance, "prefix": "", "trusted": True},
             "old": {"url": conformance, "protocol": LEGACY},  # 2025-era: a 2026 caller's question to it is held
         }
-        gateways, url = stack.enter_context(replicas(tmp_path, redis, servers=servers))
+        # Replicas that close idle connections after 5 s leave only the GET stream's open, which tells its replica.
+        settings = {"keep_alive_timeout": 5}
+        gateways, url = stack.enter_context(replicas(tmp_path, redis, servers=servers, settings=settings))
         async with anyio.create_task_group() as group:
             group.start_soon(subscription)
             await streaming.wait()
@@ -709,8 +711,8 @@ async def test_mixed_clients_go_on_while_a_replica_is_killed_and_restarted(tmp_p
 
 
 def _streaming_to(gateways: list[Gateway]) -> Gateway:
-    """The one replica with a connection open while nothing but a GET stream is (HAProxy closes every other after
-    its answer), read from the kernel's table of TCP sockets."""
+    """The one replica with a connection open while nothing but a GET stream is (each replica closes the others
+    once idle for its `keep_alive_timeout`), read from the kernel's table of TCP sockets."""
     ports = {int(gw.base.rsplit(":", 1)[1]): gw for gw in gateways}
     deadline = time.monotonic() + 10
     while True:

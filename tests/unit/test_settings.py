@@ -44,6 +44,7 @@ def test_file_keys():
         "max_token_bytes",
         "header_timeout",
         "body_timeout",
+        "keep_alive_timeout",
         "max_connections",
         "max_sessions",
         "session_idle_timeout",
@@ -70,7 +71,7 @@ def test_defaults():
 def test_http_limits_have_bounded_defaults():
     s = build_settings({}, {})
     assert (s.max_header_bytes, s.max_token_bytes, s.max_connections) == (32 * 1024, 16 * 1024, 4096)
-    assert (s.header_timeout, s.body_timeout) == (10.0, 60.0)
+    assert (s.header_timeout, s.body_timeout, s.keep_alive_timeout) == (10.0, 60.0, 75)
     assert s.max_token_bytes < s.max_header_bytes, "a token that fits the head is bounded on its own"
 
 
