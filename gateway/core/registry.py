@@ -390,7 +390,7 @@ class Registry:
         try:
             await self.pins.first_use(server, self.catalog.offered(server))
         except StoreError as e:
-            log.error("first listing could not be pinned", server=server, reason=describe(e))
+            log.error("first listing could not be pinned; it is pinned in memory", server=server, reason=describe(e))
         return self.catalog.refresh([server])
 
     async def _upgrade_pins(self, server: str) -> bool:
@@ -415,7 +415,13 @@ class Registry:
             self.metrics.set_held(server, self.catalog.held_of(server))
 
     async def refresh_pins(self) -> None:
-        """Re-read the pins (another replica may have approved some) and judge every tool again."""
+        """Write the first listings the store refused before, re-read the pins (another replica may have approved
+        some) and judge every tool again."""
+        if self.pins.loaded:
+            try:
+                await self.pins.store_pending()
+            except StoreError as e:
+                log.error("first listing could not be pinned; it is pinned in memory", reason=describe(e))
         changed = await self._read_pins()
         if not self.pins.loaded:
             return

@@ -24,20 +24,21 @@ import json
 import re
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from gateway.catalog.labels import META_PREFIX
 from gateway.catalog.merged import Entry
 from gateway.config.servers import PinMode
 from gateway.observe.logs import get_logger
-from gateway.store import Store
+from gateway.store import Store, StoreError
 
 log = get_logger("pins")
 
 Status = Literal["pinned", "changed", "new", "unknown"]
 KIND = "pins"
 SEEN = ""  # the tool part of a server's marker row: its first complete listing has been pinned
+UNSTORED = "first use (not stored yet)"  # how a first-use pin the store refused is shown until it takes it
 FORM = 2  # what a pin holds: 2, the whole tool as served; 1 (earlier versions), the keys of FORM_1 only
 FORM_1 = ("name", "title", "description", "inputSchema", "outputSchema", "annotations")
 OWN_LABELS = frozenset(f"{META_PREFIX}{key}" for key in ("server", "tool", "trust", "gated"))
@@ -146,7 +147,9 @@ class Pins:
     """The pins this replica has read from the store, and the judgement of catalog entries against them.
 
     `mode_of(server)` says a server's pin mode. Until the store has been read once, nothing is known: a
-    `hold` server's tools are held (fail closed) and a `warn` server's are served.
+    `hold` server's tools are held (fail closed) and a `warn` server's are served. A first listing the store
+    refuses to take is pinned in memory, so later listings are judged against it, and is written by
+    `store_pending` once the store takes writes again.
     """
 
     def __init__(self, store: Store, mode_of: Callable[[str], PinMode]) -> None:
@@ -155,6 +158,7 @@ class Pins:
         self.loaded = False
         self._pins: dict[tuple[str, str], Pin] = {}
         self._seen: set[str] = set()
+        self._unstored: dict[str, list[Pin]] = {}  # first listings the store refused, by server
         self._reported: set[tuple[str, str, str]] = set()  # (server, tool, offered digest) already logged
         self._digests: dict[tuple[str, str], tuple[Json, str]] = {}  # (server, tool) -> (tool as served, digest)
 
@@ -205,6 +209,7 @@ class Pins:
             await self.store.delete_record(KIND, key)
         self._pins = {k: pin for k, pin in self._pins.items() if k[0] != server}
         self._seen.discard(server)
+        self._unstored.pop(server, None)
         self.forget(server)
 
     def holds(self, entry: Entry) -> bool:
@@ -237,22 +242,48 @@ class Pins:
             )
         for key, reason in loaded.bad.items():
             log.warning("stored pin cannot be read; the tool is judged as unpinned", pin=key[:200], reason=reason)
+        # A first listing the store has not taken yet stays pinned here; one the store has (this replica's, written
+        # since, or another replica's) replaces it.
+        self._unstored = {server: kept for server, kept in self._unstored.items() if server not in seen}
+        for server, kept in self._unstored.items():
+            seen.add(server)
+            pins.update({(server, pin.tool): replace(pin, how=UNSTORED) for pin in kept})
         changed = not self.loaded or pins != self._pins or seen != self._seen
         self._pins, self._seen, self.loaded = pins, seen, True
         return changed
 
     async def first_use(self, server: str, entries: Iterable[Entry]) -> None:
-        """Pin a server's first complete listing as offered (where no replica pinned it first)."""
-        now, offered = time.time(), list(entries)
+        """Pin a server's first complete listing as offered (where no replica pinned it first). `StoreError` when
+        the store refuses it: it is then pinned in memory until `store_pending` writes it."""
+        now = time.time()
+        pins = [Pin(server, e.original, digest(d := visible(e)), d, "first use", now) for e in entries]
+        try:
+            await self._store_first_use(server, pins)
+        except StoreError:
+            self._unstored[server] = pins
+            self._pins.update({(server, pin.tool): replace(pin, how=UNSTORED) for pin in pins})
+            self._seen.add(server)
+            raise
+
+    async def store_pending(self) -> bool:
+        """Write the first listings the store refused before; True when there were any (`StoreError` if it still
+        refuses)."""
+        pending = list(self._unstored.items())
+        for server, pins in pending:
+            await self._store_first_use(server, pins)
+            self._unstored.pop(server, None)
+        return bool(pending)
+
+    async def _store_first_use(self, server: str, pins: list[Pin]) -> None:
         written: list[Pin] = []
-        for entry in offered:
-            definition = visible(entry)
-            pin = Pin(server, entry.original, digest(definition), definition, "first use", now)
-            if await self.store.put_record(KIND, pin_key(server, entry.original), pin.row(), only_new=True):
+        for pin in pins:
+            if await self.store.put_record(KIND, pin_key(server, pin.tool), pin.row(), only_new=True):
                 written.append(pin)
-        first = await self.store.put_record(KIND, pin_key(server, SEEN), {"at": now}, only_new=True)
+        first = await self.store.put_record(
+            KIND, pin_key(server, SEEN), {"at": pins[0].at if pins else time.time()}, only_new=True
+        )
         log.info("first listing pinned", server=server)
-        if first and len(written) == len(offered):
+        if first and len(written) == len(pins):
             # nobody else pinned this server: what was written is all there is to know of it
             self._pins.update({(server, pin.tool): pin for pin in written})
             self._seen.add(server)

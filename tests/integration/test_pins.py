@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx2
 import pytest
+import redis
 
 from gateway.store.sqlite import SqliteStore
 from tests.fixtures.forkserver import run
@@ -308,3 +309,40 @@ async def test_pins_stored_by_an_earlier_version_hold_only_what_changed_and_are_
             )
             await changes.wait_beyond(seen)
             await client.wait_for(lambda n: "fx__beta" not in n)
+
+
+# --- a store that cannot take the first listing's pins --------------------------------------------------------------
+
+
+async def test_a_first_listing_the_store_refuses_is_pinned_in_memory_until_the_store_takes_it(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    store = redis.Redis(port=redis_server.port)
+    store.config_set("min-replicas-to-write", 1)  # reads go on; every write is refused (NOREPLICAS)
+    cfg = {**config(tmp_path), "store": f"redis://127.0.0.1:{redis_server.port}/0", "reconcile_interval": 1}
+    with run_gateway(tmp_path, cfg, env=ENV) as gw:
+        async with connect(gw.url, "2026-07-28") as client:
+            await client.wait_for(lambda n: "fx__alpha" in n)
+            await wait_until(
+                lambda: gw.logged("first listing could not be pinned; it is pinned in memory", server="fx"),
+                what="refused",
+            )
+            assert text_of(await client.call("fx__alpha")) == "alpha", "the first listing is served"
+
+            # A change while the store still refuses is judged against the first listing, held in memory.
+            await client.call("fx__describe_tool", {"name": "alpha", "description": POISON})
+            names = await client.wait_for(lambda n: "fx__alpha" not in n)
+            assert "fx__echo" in names, "only the changed tool is held"
+            row = api(gw, "GET", "/admin/pins/fx/alpha").json()
+            assert row["status"] == "changed" and row["pinned"]["how"] == "first use (not stored yet)", row
+
+            # Once the store takes writes again, the first listing is what it stores, and the change stays held.
+            store.config_set("min-replicas-to-write", 0)
+            await wait_until(lambda: store.hget("manifold:records:pins", "fx/alpha") is not None, what="stored")
+            stored = json.loads(store.hget("manifold:records:pins", "fx/alpha") or b"{}")
+            assert stored["definition"]["description"] == "Dummy tool alpha.", stored
+            assert stored["how"] == "first use"
+            await wait_until(
+                lambda: api(gw, "GET", "/admin/pins/fx/alpha").json()["pinned"]["how"] == "first use", what="reread"
+            )
+            assert "fx__alpha" not in await client.tool_names()
