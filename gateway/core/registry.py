@@ -417,11 +417,10 @@ class Registry:
     async def refresh_pins(self) -> None:
         """Write the first listings the store refused before, re-read the pins (another replica may have approved
         some) and judge every tool again."""
-        if self.pins.loaded:
-            try:
-                await self.pins.store_pending()
-            except StoreError as e:
-                log.error("first listing could not be pinned; it is pinned in memory", reason=describe(e))
+        try:
+            await self.pins.store_pending()  # a no-op unless the store refused a first listing
+        except StoreError as e:
+            log.error("first listing could not be pinned; it is pinned in memory", reason=describe(e))
         changed = await self._read_pins()
         if not self.pins.loaded:
             return

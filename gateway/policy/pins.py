@@ -143,6 +143,11 @@ class Judged:
     pin: Pin | None
 
 
+def _unstored(pins: Iterable[Pin]) -> dict[tuple[str, str], Pin]:
+    """First-use pins the store refused, as this replica holds them until it takes them."""
+    return {(pin.server, pin.tool): replace(pin, how=UNSTORED) for pin in pins}
+
+
 class Pins:
     """The pins this replica has read from the store, and the judgement of catalog entries against them.
 
@@ -247,7 +252,7 @@ class Pins:
         self._unstored = {server: kept for server, kept in self._unstored.items() if server not in seen}
         for server, kept in self._unstored.items():
             seen.add(server)
-            pins.update({(server, pin.tool): replace(pin, how=UNSTORED) for pin in kept})
+            pins.update(_unstored(kept))
         changed = not self.loaded or pins != self._pins or seen != self._seen
         self._pins, self._seen, self.loaded = pins, seen, True
         return changed
@@ -261,18 +266,15 @@ class Pins:
             await self._store_first_use(server, pins)
         except StoreError:
             self._unstored[server] = pins
-            self._pins.update({(server, pin.tool): replace(pin, how=UNSTORED) for pin in pins})
+            self._pins.update(_unstored(pins))
             self._seen.add(server)
             raise
 
-    async def store_pending(self) -> bool:
-        """Write the first listings the store refused before; True when there were any (`StoreError` if it still
-        refuses)."""
-        pending = list(self._unstored.items())
-        for server, pins in pending:
+    async def store_pending(self) -> None:
+        """Write the first listings the store refused before (`StoreError` if it still refuses)."""
+        for server, pins in list(self._unstored.items()):
             await self._store_first_use(server, pins)
             self._unstored.pop(server, None)
-        return bool(pending)
 
     async def _store_first_use(self, server: str, pins: list[Pin]) -> None:
         written: list[Pin] = []
