@@ -176,16 +176,16 @@ class Upstream(ServerState):
             self.settled.set()
             return
         while True:
-            started = time.monotonic()
+            started, connections = time.monotonic(), self.connections
             try:
                 await self._traced_connect(resolved)
                 reason = "connection closed"
             except Exception as e:
                 reason = describe(e)
                 self._report_bug(e)
-                if self.state is not State.UP and self._metrics is not None:
+                if self.connections == connections and self._metrics is not None:
                     self._metrics.count_connect(self.name, "error")
-            healthy_for = time.monotonic() - started if self.state is State.UP else 0.0
+            healthy_for = time.monotonic() - started if self.connections > connections else 0.0
             self.session = None
             await self._set_state(State.DOWN, reason)
             self.settled.set()
@@ -272,6 +272,9 @@ class Upstream(ServerState):
             await self._closed.wait()
             self._tasks = None
             tg.cancel_scope.cancel()
+        # Down once the connection is known gone, not once its transport is torn down (a stdio server's process
+        # group is given seconds to exit): its tools leave the catalog, and callers are told, now.
+        await self._set_state(State.DOWN, "connection closed")
 
     async def _transport(self, r: ResolvedServer) -> AbstractAsyncContextManager[Any]:
         kind = self.spec.kind

@@ -61,11 +61,33 @@ async def test_kill_mid_call_fails_that_call_only_and_the_server_comes_back(tmp_
 
             # Down: fx's tools vanish and the client is told; back up: they return and it is told again.
             # Both notices may already have arrived while `other__slow` finished, so count from before the kill.
+            # A second process is started only once fx is down, so a listing with its tools after that is fx back.
             await changes.wait_beyond(seen)
+            await wait_until(lambda: len(upstream_pids(gw, "fx")) == 2, timeout=20, what="fx started again")
             await client.wait_for(lambda n: "fx__slow" in n, timeout=20)
             await changes.wait_beyond(seen + 1)
             assert (await client.call("fx__echo", {"text": "back"})).content[0].text == "back"
             assert len(upstream_pids(gw, "fx")) == 2
+
+
+async def test_a_server_that_dies_leaving_a_child_behind_is_down_at_once(tmp_path: Path) -> None:
+    """A stdio server whose process dies while a child it started lives on (ignoring SIGTERM, as a daemon may) is
+    down at once: its tools gone and callers told, before its process group has been stopped. The child holds no
+    pipe of the gateway's (uvloop's spawn would leave it one, and the server's end would never close)."""
+    fixture = " ".join(stdio_spec()["args"])
+    child = "(trap '' TERM; exec sleep 600) </dev/null >/dev/null 2>&1"
+    spawner = {"command": "sh", "args": ["-c", f"{child} & exec {stdio_spec()['command']} {fixture}"], "sandbox": False}
+    with run_gateway(tmp_path, {"servers": {"fx": spawner}}) as gw:
+        async with watch_changes(gw.url, "2026-07-28") as (client, changes):
+            await client.wait_for(lambda n: "fx__crash" in n)
+            seen = changes.count
+            with anyio.fail_after(20):  # it hangs while the child holds the server's output open
+                assert (await client.call("fx__crash", {})).is_error
+            await changes.wait_beyond(seen)
+            await client.wait_for(lambda n: "fx__echo" not in n, timeout=5)
+            await wait_until(lambda: gw.logged("upstream process stopped", server="fx"), what="the group stopped")
+        events = [(e.get("event"), e.get("state")) for e in gw.log_events() if e.get("server") == "fx"]
+        assert events.index(("upstream state", "down")) < events.index(("upstream process stopped", None)), events
 
 
 async def test_read_only_call_is_retried_after_a_drop_and_others_are_not(tmp_path: Path) -> None:

@@ -16,7 +16,6 @@ import asyncio
 import os
 import shutil
 import signal
-import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager, suppress
@@ -36,6 +35,7 @@ from gateway.policy.bucket import Throttle, TokenBucket
 from gateway.protocol.errors import AnswerLost, NotSent
 from gateway.protocol.jsonrpc import decode, encode, report_progress
 from gateway.upstream.invoke import FIRST_ID
+from gateway.upstream.transports.spawn import spawn
 
 if TYPE_CHECKING:
     from gateway.upstream.sandbox import Sandbox
@@ -259,15 +259,7 @@ async def stdio_transport(
     argv = [find_command(command, environment.get("PATH")), *args]
     if sandbox is not None:
         argv, environment, cwd = sandbox.wrap(argv, environment, cwd, env)
-    process = await anyio.open_process(
-        argv,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=environment,
-        cwd=cwd,
-        start_new_session=True,
-    )
+    process = await spawn(argv, environment, cwd)
     pgid = process.pid
     read_writer, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     write_stream, write_reader = anyio.create_memory_object_stream[SessionMessage](0)
@@ -330,6 +322,7 @@ async def stdio_transport(
             with anyio.CancelScope(shield=True):
                 write_stream.close()
                 await stop_process_group(process, pgid)
+                await process.aclose()
                 log.info("upstream process stopped", server=server, pid=process.pid, code=process.returncode)
                 if sandbox is not None:
                     await sandbox.exited(process.returncode)
