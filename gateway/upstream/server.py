@@ -171,7 +171,7 @@ class ServerState:
             metrics.count_internal_error(where)
 
     async def _set_state(self, state: State, error: str | None) -> None:
-        changed = state is not self.state
+        changed, explained = state is not self.state, state is State.DOWN and error != self.error
         self.state, self.error = state, error
         if state is State.UP:
             if not self._up.is_set():
@@ -187,3 +187,5 @@ class ServerState:
                     self._metrics.set_listings(self.name, ())
             log.info("upstream state", server=self.name, state=state.value, reason=error)
             await self._on_change(self)
+        elif explained:  # down already, and now the reason is known (its transport's end told more)
+            log.info("upstream state", server=self.name, state=state.value, reason=error)
