@@ -70,13 +70,18 @@ async def test_kill_mid_call_fails_that_call_only_and_the_server_comes_back(tmp_
             assert len(upstream_pids(gw, "fx")) == 2
 
 
+def _fixture_beside(background: str) -> dict[str, Any]:
+    """A server entry: a shell starts `background` in the background, then becomes the stdio fixture."""
+    fixture = stdio_spec()
+    return {"command": "sh", "args": ["-c", f"{background} & exec {fixture['command']} {' '.join(fixture['args'])}"]}
+
+
 async def test_a_server_that_dies_leaving_a_child_behind_is_down_at_once(tmp_path: Path) -> None:
     """A stdio server whose process dies while a child it started lives on (ignoring SIGTERM, as a daemon may) is
     down at once: its tools gone and callers told, before its process group has been stopped. The child holds no
     pipe of the gateway's (uvloop's spawn would leave it one, and the server's end would never close)."""
-    fixture = " ".join(stdio_spec()["args"])
     child = "(trap '' TERM; exec sleep 600) </dev/null >/dev/null 2>&1"
-    spawner = {"command": "sh", "args": ["-c", f"{child} & exec {stdio_spec()['command']} {fixture}"], "sandbox": False}
+    spawner = {**_fixture_beside(child), "sandbox": False}
     with run_gateway(tmp_path, {"servers": {"fx": spawner}}) as gw:
         async with watch_changes(gw.url, "2026-07-28") as (client, changes):
             await client.wait_for(lambda n: "fx__crash" in n)
@@ -246,7 +251,7 @@ async def test_a_broken_stdio_server_is_down_and_backed_off(tmp_path: Path, mode
             return {s["name"]: s for s in httpx2.get(f"{gw.base}/readyz").json()["servers"]}["bad"]
 
         # Under load the first try (its startup_timeout, then its process's grace to exit) can outlast the sleep.
-        await wait_until(lambda: bad()["error"] is not None, 20, "bad's first failure")
+        await wait_until(lambda: bool(bad()["error"]), 20, "bad's first failure")
         assert bad()["state"] in ("down", "connecting")
         starts = upstream_pids(gw, "bad")
         assert 1 <= len(starts) <= 4, f"respawned {len(starts)} times in 4 s: not backed off"
@@ -328,10 +333,7 @@ async def _wait_call_ok(client) -> None:
 
 def test_shutdown_drains_calls_and_leaves_no_process_behind(tmp_path: Path) -> None:
     marker = f"{4000 + os.getpid() % 1000}.{uuid.uuid4().int % 10**6:06d}5"  # unique to this run, for `sleep`
-    spawner = {
-        "command": "sh",
-        "args": ["-c", f"sleep {marker} & exec {stdio_spec()['command']} {' '.join(stdio_spec()['args'])}"],
-    }
+    spawner = _fixture_beside(f"sleep {marker}")
     config = {"servers": {"fx": stdio_spec(), "spawner": spawner}}
     with run_gateway(tmp_path, config) as gw:
 

@@ -99,9 +99,7 @@ class SpawnedProcess(anyio.abc.Process):
             await stream.aclose()
 
 
-async def spawn(
-    argv: Sequence[str], env: Mapping[str, str], cwd: str | None, *, new_session: bool = True
-) -> SpawnedProcess:
+async def spawn(argv: Sequence[str], env: Mapping[str, str], cwd: str | None) -> SpawnedProcess:
     """Start `argv` with three pipes and no other descriptor of the gateway's, in a session of its own."""
     # A fork and exec, in the loop's thread as uvloop's own spawn is.
     popen = subprocess.Popen(
@@ -111,7 +109,7 @@ async def spawn(
         stderr=subprocess.PIPE,
         env=dict(env),
         cwd=cwd,
-        start_new_session=new_session,
+        start_new_session=True,
         close_fds=True,
         bufsize=0,
     )
